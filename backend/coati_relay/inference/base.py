@@ -1,0 +1,41 @@
+"""The `InferenceBackend` seam: turn prompt token ids into a `Rollout`, and load new weights between generations."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Protocol, Sequence, runtime_checkable
+
+import torch
+
+from coati_relay.rollout import Rollout
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling parameters shared by every backend.
+
+    top_k <= 0 and top_p == 1.0 disable those filters. ``stop_token_ids`` end a response (the EOS id is always one).
+    """
+
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    seed: Optional[int] = None
+    stop_token_ids: List[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+
+@runtime_checkable
+class InferenceBackend(Protocol):
+    """Generates rollouts. ``weight_version`` is the version of the last weights loaded (0: the initial ones)."""
+
+    weight_version: int
+
+    def generate(self, prompts: Sequence[Sequence[int]], n: int,
+                 info: Optional[Dict[str, list]] = None) -> Rollout:
+        """Samples ``n`` responses per prompt (prompt token ids, no padding); returns N = len(prompts) * n rows."""
+        ...
+
+    def load_weights(self, version: int, tensors: Dict[str, torch.Tensor]) -> None:
+        """Replaces the named weights (HF parameter names) and records ``version``."""
+        ...

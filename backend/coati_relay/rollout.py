@@ -1,0 +1,149 @@
+"""The unit of data between producers and consumers.
+
+A `Rollout` holds ``N = num_prompts * group_size`` sampled sequences, prompt-major: rows ``i*G .. i*G+G-1`` are the
+``G`` responses to prompt ``i``. Prompts are left-padded, responses right-padded, so that
+``sequences = cat(prompt_ids, response_ids)`` lines every response up at the same column.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+# Tensor fields whose second dimension is the response length; they are right-padded when rollouts are joined.
+_RESPONSE_FIELDS = ("response_ids", "response_mask", "logprobs", "ref_logprobs", "values")
+_PROMPT_FIELDS = ("prompt_ids", "prompt_mask")
+_ROW_FIELDS = ("response_lengths", "rewards")
+
+
+@dataclass
+class Rollout:
+    """A batch of sampled responses.
+
+    prompt_ids:       LongTensor [N, P], left-padded with the pad id.
+    prompt_mask:      LongTensor [N, P], 1 on real prompt tokens.
+    response_ids:     LongTensor [N, R], right-padded with the pad id.
+    response_mask:    BoolTensor [N, R], True on generated tokens up to and including the first EOS.
+    logprobs:         FloatTensor [N, R], behaviour-policy log-probs of ``response_ids``; 0 on padding.
+    response_lengths: LongTensor [N], number of True entries of ``response_mask`` per row.
+    group_size:       G, responses per prompt.
+    weight_version:   version of the weights that generated this rollout (-1: unknown).
+    rewards:          FloatTensor [N] or None, scalar reward per response.
+    ref_logprobs:     FloatTensor [N, R] or None, reference-model log-probs.
+    values:           FloatTensor [N, R] or None, critic values per response token.
+    info:             per-prompt metadata (e.g. ``gt_answer``), each a list of length N / G.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    logprobs: torch.Tensor
+    response_lengths: torch.Tensor
+    group_size: int = 1
+    weight_version: int = -1
+    rewards: Optional[torch.Tensor] = None
+    ref_logprobs: Optional[torch.Tensor] = None
+    values: Optional[torch.Tensor] = None
+    info: Dict[str, List[Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = self.prompt_ids.size(0)
+        for name in _PROMPT_FIELDS + _RESPONSE_FIELDS + _ROW_FIELDS:
+            t = getattr(self, name)
+            if t is not None and t.size(0) != n:
+                raise ValueError(f"Rollout.{name} has {t.size(0)} rows, expected {n} (rows of prompt_ids)")
+        if n % self.group_size:
+            raise ValueError(f"Rollout has {n} rows, not a multiple of group_size={self.group_size}")
+
+    @property
+    def num_sequences(self) -> int:
+        return self.prompt_ids.size(0)
+
+    @property
+    def num_prompts(self) -> int:
+        return self.num_sequences // self.group_size
+
+    @property
+    def sequences(self) -> torch.Tensor:
+        """LongTensor [N, P + R]."""
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """LongTensor [N, P + R]: prompt mask then response mask."""
+        return torch.cat([self.prompt_mask.long(), self.response_mask.long()], dim=1)
+
+    def to(self, device: torch.device | str) -> "Rollout":
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return replace(self, **moved)
+
+    def select_prompts(self, start: int, stop: int) -> "Rollout":
+        """Rows of prompts ``start..stop-1`` (all their G responses)."""
+        g = self.group_size
+        rows = slice(start * g, stop * g)
+        cut = {
+            f.name: getattr(self, f.name)[rows]
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        info = {k: v[start:stop] for k, v in self.info.items()}
+        return replace(self, info=info, **cut)
+
+    @staticmethod
+    def concat(parts: Sequence["Rollout"], pad_token_id: int) -> "Rollout":
+        """Join rollouts of one group size: prompts left-padded and responses right-padded to the longest."""
+        if not parts:
+            raise ValueError("Rollout.concat needs at least one rollout")
+        g = parts[0].group_size
+        if any(p.group_size != g for p in parts):
+            raise ValueError(f"Rollout.concat: group sizes differ: {[p.group_size for p in parts]}")
+        out: Dict[str, Any] = {}
+        p_len = max(p.prompt_ids.size(1) for p in parts)
+        r_len = max(p.response_ids.size(1) for p in parts)
+        for name in _PROMPT_FIELDS:
+            pad = pad_token_id if name == "prompt_ids" else 0
+            out[name] = torch.cat([F.pad(getattr(p, name), (p_len - getattr(p, name).size(1), 0), value=pad)
+                                   for p in parts])
+        for name in _RESPONSE_FIELDS:
+            ts = [getattr(p, name) for p in parts]
+            if any(t is None for t in ts):
+                if any(t is not None for t in ts):
+                    raise ValueError(f"Rollout.concat: {name} is set on some rollouts only")
+                out[name] = None
+                continue
+            pad = pad_token_id if name == "response_ids" else 0
+            out[name] = torch.cat([F.pad(t, (0, r_len - t.size(1)), value=pad) for t in ts])
+        for name in _ROW_FIELDS:
+            ts = [getattr(p, name) for p in parts]
+            out[name] = None if any(t is None for t in ts) else torch.cat(ts)
+        keys = set().union(*(p.info.keys() for p in parts))
+        out["info"] = {k: [x for p in parts for x in p.info.get(k, [None] * p.num_prompts)] for k in keys}
+        versions = {p.weight_version for p in parts}
+        out["weight_version"] = min(versions)
+        return Rollout(group_size=g, **out)
+
+
+def response_mask_from_ids(response_ids: torch.Tensor, eos_token_id: Optional[int],
+                           lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """BoolTensor [N, R]: True up to and including the first EOS (and below ``lengths`` when given).
+
+    response_ids: LongTensor [N, R]; lengths: LongTensor [N] of generated tokens per row (None: all R).
+    """
+    n, r = response_ids.shape
+    pos = torch.arange(r, device=response_ids.device).expand(n, r)
+    mask = torch.ones(n, r, dtype=torch.bool, device=response_ids.device)
+    if lengths is not None:
+        mask &= pos < lengths.unsqueeze(1)
+    if eos_token_id is not None:
+        is_eos = (response_ids == eos_token_id) & mask
+        # Positions strictly after the first EOS are masked out; the EOS itself stays.
+        after_eos = (torch.cumsum(is_eos.long(), dim=1) - is_eos.long()) > 0
+        mask &= ~after_eos
+    return mask

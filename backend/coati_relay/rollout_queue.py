@@ -1,0 +1,228 @@
+"""`RolloutQueue`: the bounded hand-off between producers and consumers.
+
+Entries hold object references, never payloads: a producer `ray.put`s its rollout and passes ``[ref]``; a consumer
+receives ``[ref]`` back and fetches the bytes from the object store. Every entry carries the weight version that
+made it. A producer owns the objects it put, so when it dies its queued entries are dropped (and counted) and their
+tasks go back on the board.
+
+Staleness bound ``k``: a consumer at weight version ``v`` accepts entries made by versions ``>= v - k``; older ones
+are dropped and counted. Conservation holds at every moment: ``produced == consumed + dropped + in_flight``.
+
+The queue also hands out *tasks* (global indices of prompt micro-batches) so that any producer can run any task:
+when a producer dies, the tasks it had claimed go back on the board for the others.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import Any, Deque, Dict, List, Optional, Set
+
+
+class QueueClosed(RuntimeError):
+    """The queue was closed (the run ended or failed); no more entries will come."""
+
+
+@dataclass
+class QueueEntry:
+    payload: Any
+    version: int
+    size: int = 1
+    producer: str = ""
+    task: Optional[int] = None
+    put_time: float = field(default_factory=time.time)
+
+
+class RolloutQueueState:
+    """The queue's bookkeeping, without Ray or asyncio (the actor serialises calls).
+
+    maxsize: entries held at most (<= 0: unbounded). staleness: k above (None: no bound).
+    total_tasks: tasks on the board (0: no task board).
+    """
+
+    def __init__(self, maxsize: int = 0, staleness: Optional[int] = 0, total_tasks: int = 0, first_task: int = 0):
+        if staleness is not None and staleness < 0:
+            raise ValueError(f"staleness must be >= 0 or None, got {staleness}")
+        self.maxsize = maxsize
+        self.staleness = staleness
+        self.entries: Deque[QueueEntry] = collections.deque()
+        self.produced = self.consumed = self.dropped = 0
+        self.produced_size = self.consumed_size = self.dropped_size = 0
+        self.closed = False
+        self.close_reason = ""
+        self.total_tasks = total_tasks
+        self._next_task = first_task
+        self._requeued: Deque[int] = collections.deque()
+        self._claimed: Dict[int, str] = {}
+        self.dead_producers: Set[str] = set()
+
+    # -- entries ---------------------------------------------------------------------------------------------
+    def full(self) -> bool:
+        return self.maxsize > 0 and len(self.entries) >= self.maxsize
+
+    def put(self, entry: QueueEntry) -> None:
+        if self.closed:
+            raise QueueClosed(self.close_reason or "queue closed")
+        if self.full():
+            raise RuntimeError("RolloutQueueState.put on a full queue; check full() first")
+        self.entries.append(entry)
+        self.produced += 1
+        self.produced_size += entry.size
+        if entry.task is not None:
+            self._claimed.pop(entry.task, None)
+
+    def drop_stale(self, consumer_version: Optional[int]) -> int:
+        """Drops entries older than ``consumer_version - staleness``; returns how many."""
+        if consumer_version is None or self.staleness is None:
+            return 0
+        oldest_ok = consumer_version - self.staleness
+        kept: Deque[QueueEntry] = collections.deque()
+        n = 0
+        for e in self.entries:
+            if e.version < oldest_ok:
+                n += 1
+                self.dropped += 1
+                self.dropped_size += e.size
+            else:
+                kept.append(e)
+        self.entries = kept
+        return n
+
+    def pop(self, n: int) -> List[QueueEntry]:
+        if len(self.entries) < n:
+            raise RuntimeError(f"RolloutQueueState.pop({n}) with {len(self.entries)} entries")
+        out = [self.entries.popleft() for _ in range(n)]
+        self.consumed += n
+        self.consumed_size += sum(e.size for e in out)
+        return out
+
+    # -- tasks -----------------------------------------------------------------------------------------------
+    def claim_task(self, producer: str) -> Optional[int]:
+        """Next task index for ``producer``, or None when the board is empty."""
+        if self._requeued:
+            task = self._requeued.popleft()
+        elif self._next_task < self.total_tasks:
+            task = self._next_task
+            self._next_task += 1
+        else:
+            return None
+        self._claimed[task] = producer
+        return task
+
+    def producer_died(self, producer: str) -> List[int]:
+        """Drops the entries of ``producer`` (their objects died with it) and puts its tasks back on the board.
+
+        Returns the requeued task indices.
+        """
+        self.dead_producers.add(producer)
+        lost = sorted(t for t, p in self._claimed.items() if p == producer)
+        for t in lost:
+            del self._claimed[t]
+        kept: Deque[QueueEntry] = collections.deque()
+        for e in self.entries:
+            if e.producer == producer:
+                self.dropped += 1
+                self.dropped_size += e.size
+                if e.task is not None:
+                    lost.append(e.task)
+            else:
+                kept.append(e)
+        self.entries = kept
+        lost.sort()
+        self._requeued.extend(lost)
+        return lost
+
+    def counters(self) -> Dict[str, Any]:
+        return {
+            "produced": self.produced, "consumed": self.consumed, "dropped": self.dropped,
+            "in_flight": len(self.entries),
+            "produced_samples": self.produced_size, "consumed_samples": self.consumed_size,
+            "dropped_samples": self.dropped_size,
+            "tasks_claimed": len(self._claimed), "tasks_requeued": len(self._requeued),
+            "next_task": self._next_task, "dead_producers": sorted(self.dead_producers),
+            "closed": self.closed,
+        }
+
+
+class RolloutQueueActor:
+    """Async Ray actor around `RolloutQueueState`: blocking put/get with timeouts (see `make_rollout_queue`)."""
+
+    def __init__(self, maxsize: int = 0, staleness: Optional[int] = 0, total_tasks: int = 0, first_task: int = 0):
+        self.state = RolloutQueueState(maxsize, staleness, total_tasks, first_task)
+        self._changed = asyncio.Condition()
+
+    async def _wait(self, predicate, timeout_s: Optional[float], what: str) -> None:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        async with self._changed:
+            while not predicate():
+                if self.state.closed:
+                    raise QueueClosed(self.state.close_reason or "queue closed")
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"RolloutQueue: {what} timed out after {timeout_s:.1f}s "
+                                       f"(counters: {self.state.counters()})")
+                try:
+                    await asyncio.wait_for(self._changed.wait(), timeout=left)
+                except asyncio.TimeoutError:
+                    pass
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def put(self, payload: Any, version: int, size: int = 1, producer: str = "",
+                  task: Optional[int] = None, timeout_s: Optional[float] = None) -> Dict[str, Any]:
+        """Blocks while the queue is full (backpressure); TimeoutError after ``timeout_s``."""
+        await self._wait(lambda: not self.state.full(), timeout_s, f"put by {producer or 'producer'}")
+        self.state.put(QueueEntry(payload, version, size, producer, task))
+        await self._notify()
+        return self.state.counters()
+
+    async def get(self, n: int = 1, timeout_s: Optional[float] = None,
+                  consumer_version: Optional[int] = None) -> List[QueueEntry]:
+        """Blocks until ``n`` entries no staler than the bound exist; returns them in FIFO order."""
+        if n < 1:
+            raise ValueError(f"RolloutQueue.get: n must be >= 1, got {n}")
+
+        def ready() -> bool:
+            if self.state.drop_stale(consumer_version):
+                asyncio.get_event_loop().create_task(self._notify())
+            return len(self.state.entries) >= n
+
+        await self._wait(ready, timeout_s, f"get of {n} entries")
+        out = self.state.pop(n)
+        await self._notify()
+        return out
+
+    def qsize(self) -> int:
+        return len(self.state.entries)
+
+    def claim_task(self, producer: str) -> Optional[int]:
+        return self.state.claim_task(producer)
+
+    async def producer_died(self, producer: str) -> List[int]:
+        lost = self.state.producer_died(producer)
+        await self._notify()
+        return lost
+
+    def counters(self) -> Dict[str, Any]:
+        return self.state.counters()
+
+    async def close(self, reason: str = "") -> None:
+        self.state.closed = True
+        self.state.close_reason = reason
+        await self._notify()
+
+
+def make_rollout_queue(maxsize: int = 0, staleness: Optional[int] = 0, total_tasks: int = 0, first_task: int = 0,
+                       name: Optional[str] = None, namespace: Optional[str] = None):
+    """Starts a `RolloutQueueActor` (no CPU reserved: it only moves references) and returns its handle."""
+    import ray
+
+    opts: Dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1000}
+    if name:
+        opts["name"] = name
+    if namespace:
+        opts["namespace"] = namespace
+    return ray.remote(RolloutQueueActor).options(**opts).remote(maxsize, staleness, total_tasks, first_task)

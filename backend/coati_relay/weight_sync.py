@@ -1,0 +1,170 @@
+"""`WeightSync`: the consumer publishes weight version v once; every producer fetches and loads it.
+
+A published version is one flat buffer per dtype in the object store plus a small table of (name, dtype, shape, offset). LoRA-only sync publishes just the adapters
+(``A [r, in]``, ``B [out, r]`` and the scaling per target weight); the producer rebuilds ``W = W0 + scaling * B @ A``
+from the base weights it keeps, replacing (never accumulating onto) what it loaded before.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+FlatMeta = List[Tuple[str, str, Tuple[int, ...], int, int]]  # name, dtype, shape, offset, numel
+
+
+def flatten_state_dict(tensors: Dict[str, torch.Tensor]) -> Tuple[Dict[str, torch.Tensor], FlatMeta]:
+    """Packs tensors into one contiguous 1-D CPU buffer per dtype. Returns (buffers by dtype name, meta)."""
+    by_dtype: Dict[str, List[Tuple[str, torch.Tensor]]] = {}
+    for name, t in tensors.items():
+        by_dtype.setdefault(str(t.dtype).replace("torch.", ""), []).append((name, t))
+    buffers: Dict[str, torch.Tensor] = {}
+    meta: FlatMeta = []
+    for dt, items in by_dtype.items():
+        offset = 0
+        for name, t in items:
+            meta.append((name, dt, tuple(t.shape), offset, t.numel()))
+            offset += t.numel()
+        buffers[dt] = torch.cat([t.detach().reshape(-1).cpu() for _, t in items]) if items else torch.empty(0)
+    return buffers, meta
+
+
+def unflatten_state_dict(buffers: Dict[str, torch.Tensor], meta: FlatMeta) -> Dict[str, torch.Tensor]:
+    """Inverse of `flatten_state_dict` (views into the buffers, no copies)."""
+    return {name: buffers[dt][off:off + numel].view(shape) for name, dt, shape, off, numel in meta}
+
+
+@dataclass
+class PublishedWeights:
+    version: int
+    payload: List[Any]  # [ObjectRef of (buffers, meta, lora)]
+    kind: str  # "full" | "lora"
+    nbytes: int
+    publish_time: float
+
+
+class WeightStoreActor:
+    """Async Ray actor holding the newest published version; producers wait on it with a timeout."""
+
+    def __init__(self):
+        self.latest: Optional[PublishedWeights] = None
+        self._changed = asyncio.Condition()
+
+    async def publish(self, version: int, payload: List[Any], kind: str, nbytes: int) -> None:
+        if self.latest is not None and version <= self.latest.version:
+            raise ValueError(f"WeightStore: version {version} is not newer than {self.latest.version}")
+        self.latest = PublishedWeights(version, payload, kind, nbytes, time.time())
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def wait_for(self, min_version: int, timeout_s: Optional[float] = None) -> PublishedWeights:
+        """The newest version once it is ``>= min_version``; TimeoutError after ``timeout_s``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        async with self._changed:
+            while self.latest is None or self.latest.version < min_version:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    have = None if self.latest is None else self.latest.version
+                    raise TimeoutError(f"WeightStore: waited {timeout_s:.1f}s for version >= {min_version}, "
+                                       f"newest is {have}")
+                try:
+                    await asyncio.wait_for(self._changed.wait(), timeout=left)
+                except asyncio.TimeoutError:
+                    pass
+        return self.latest
+
+    def latest_version(self) -> Optional[int]:
+        return None if self.latest is None else self.latest.version
+
+
+def make_weight_store(name: Optional[str] = None, namespace: Optional[str] = None):
+    import ray
+
+    opts: Dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1000}
+    if name:
+        opts["name"] = name
+    if namespace:
+        opts["namespace"] = namespace
+    return ray.remote(WeightStoreActor).options(**opts).remote()
+
+
+def lora_adapters(model: torch.nn.Module) -> Dict[str, Tuple[torch.Tensor, torch.Tensor, float]]:
+    """Adapters of a peft-wrapped model keyed by the HF name of the weight they modify.
+
+    Returns {"model.layers.0.self_attn.q_proj.weight": (A [r, in], B [out, r], scaling)}.
+    """
+    out: Dict[str, Tuple[torch.Tensor, torch.Tensor, float]] = {}
+    for name, module in model.named_modules():
+        if not (hasattr(module, "lora_A") and hasattr(module, "scaling") and hasattr(module, "base_layer")):
+            continue
+        for adapter, lin_a in module.lora_A.items():
+            lin_b = module.lora_B[adapter]
+            hf_name = name
+            for prefix in ("base_model.model.", "module."):
+                if hf_name.startswith(prefix):
+                    hf_name = hf_name[len(prefix):]
+            out[hf_name + ".weight"] = (lin_a.weight.detach().cpu(), lin_b.weight.detach().cpu(),
+                                        float(module.scaling[adapter]))
+    return out
+
+
+def merge_lora(base: Dict[str, torch.Tensor],
+               adapters: Dict[str, Tuple[torch.Tensor, torch.Tensor, float]]) -> Dict[str, torch.Tensor]:
+    """``W = W0 + scaling * B @ A`` for each adapted weight; W0 comes from ``base`` and is never modified."""
+    merged = {}
+    for name, (a, b, scaling) in adapters.items():
+        if name not in base:
+            raise KeyError(f"merge_lora: adapter for {name!r} but the base weights have no such tensor")
+        w0 = base[name]
+        merged[name] = (w0.float() + scaling * (b.float() @ a.float())).to(w0.dtype)
+    return merged
+
+
+class WeightPublisher:
+    """Consumer side: ``publish(version, tensors)`` puts one flat copy in the object store and announces it."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def publish(self, version: int, tensors: Dict[str, torch.Tensor] | None = None,
+                adapters: Dict[str, Tuple[torch.Tensor, torch.Tensor, float]] | None = None,
+                timeout_s: float = 120.0) -> Dict[str, float]:
+        """Publishes full weights (``tensors``) or LoRA adapters (``adapters``). Returns timing and size."""
+        import ray
+
+        if (tensors is None) == (adapters is None):
+            raise ValueError("WeightPublisher.publish: pass exactly one of tensors= or adapters=")
+        t0 = time.perf_counter()
+        if tensors is not None:
+            buffers, meta = flatten_state_dict(tensors)
+            blob, kind = (buffers, meta, None), "full"
+            nbytes = sum(b.numel() * b.element_size() for b in buffers.values())
+        else:
+            blob, kind = (None, None, adapters), "lora"
+            nbytes = sum((a.numel() + b.numel()) * a.element_size() for a, b, _ in adapters.values())
+        ref = ray.put(blob)
+        ray.get(self.store.publish.remote(version, [ref], kind, nbytes), timeout=timeout_s)
+        return {"weight_publish_s": time.perf_counter() - t0, "weight_bytes": float(nbytes)}
+
+
+class WeightSubscriber:
+    """Producer side: fetches a published version and turns it into tensors ready for `load_weights`."""
+
+    def __init__(self, store, base_weights: Optional[Dict[str, torch.Tensor]] = None):
+        self.store = store
+        self.base_weights = base_weights  # needed for LoRA-only sync
+
+    def fetch(self, min_version: int, timeout_s: float = 300.0) -> Tuple[int, Dict[str, torch.Tensor]]:
+        """Blocks (at most ``timeout_s``) for a version ``>= min_version``; returns (version, tensors)."""
+        import ray
+
+        pub: PublishedWeights = ray.get(self.store.wait_for.remote(min_version, timeout_s), timeout=timeout_s + 30)
+        buffers, meta, adapters = ray.get(pub.payload[0], timeout=timeout_s)
+        if pub.kind == "full":
+            return pub.version, unflatten_state_dict(buffers, meta)
+        if self.base_weights is None:
+            raise RuntimeError("WeightSubscriber: LoRA-only weights published but no base weights were given")
+        return pub.version, merge_lora(self.base_weights, adapters)

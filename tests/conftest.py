@@ -1,0 +1,32 @@
+"""Shared fixtures: one Ray cluster per test session, tiny local models, offline Hugging Face."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray cluster shared by every test of the session (start ~4.5 s, shutdown ~1.3 s)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=8, include_dashboard=False, namespace="coati-relay-tests",
+                 log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory):
+    """Path of a random tiny Qwen2 (hidden 128, 2 layers, vocab 320) with its tokenizer, built once."""
+    from coati_relay.toy import build_tiny_model
+
+    return str(build_tiny_model())
