@@ -31,6 +31,7 @@ class QueueEntry:
     size: int = 1
     producer: str = ""
     task: Optional[int] = None
+    meta: Dict[str, Any] = field(default_factory=dict)
     put_time: float = field(default_factory=time.time)
 
 
@@ -98,15 +99,21 @@ class RolloutQueueState:
         return out
 
     # -- tasks -----------------------------------------------------------------------------------------------
-    def claim_task(self, producer: str) -> Optional[int]:
-        """Next task index for ``producer``, or None when the board is empty."""
+    def claim_task(self, producer: str, requeued_only: bool = False) -> Optional[int]:
+        """Next task index for ``producer``; -1 when none is free now but others' tasks are still in flight
+        (one may come back if its producer dies); None when every task is done.
+
+        requeued_only: take only a task that a dead producer left behind (-1 if there is none).
+        """
+        if producer in self.dead_producers:
+            raise QueueClosed(f"{producer} was declared dead; it may not claim tasks")
         if self._requeued:
             task = self._requeued.popleft()
-        elif self._next_task < self.total_tasks:
+        elif not requeued_only and self._next_task < self.total_tasks:
             task = self._next_task
             self._next_task += 1
         else:
-            return None
+            return -1 if (self._claimed or requeued_only) and not self.closed else None
         self._claimed[task] = producer
         return task
 
@@ -151,6 +158,7 @@ class RolloutQueueActor:
     def __init__(self, maxsize: int = 0, staleness: Optional[int] = 0, total_tasks: int = 0, first_task: int = 0):
         self.state = RolloutQueueState(maxsize, staleness, total_tasks, first_task)
         self._changed = asyncio.Condition()
+        self._reports: List[Dict[str, Any]] = []
 
     async def _wait(self, predicate, timeout_s: Optional[float], what: str) -> None:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -172,10 +180,11 @@ class RolloutQueueActor:
             self._changed.notify_all()
 
     async def put(self, payload: Any, version: int, size: int = 1, producer: str = "",
-                  task: Optional[int] = None, timeout_s: Optional[float] = None) -> Dict[str, Any]:
+                  task: Optional[int] = None, timeout_s: Optional[float] = None,
+                  meta: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """Blocks while the queue is full (backpressure); TimeoutError after ``timeout_s``."""
         await self._wait(lambda: not self.state.full(), timeout_s, f"put by {producer or 'producer'}")
-        self.state.put(QueueEntry(payload, version, size, producer, task))
+        self.state.put(QueueEntry(payload, version, size, producer, task, meta or {}))
         await self._notify()
         return self.state.counters()
 
@@ -198,8 +207,15 @@ class RolloutQueueActor:
     def qsize(self) -> int:
         return len(self.state.entries)
 
-    def claim_task(self, producer: str) -> Optional[int]:
-        return self.state.claim_task(producer)
+    def claim_task(self, producer: str, requeued_only: bool = False) -> Optional[int]:
+        return self.state.claim_task(producer, requeued_only)
+
+    def report(self, record: Dict[str, Any]) -> None:
+        """Consumer rank 0 posts one metrics record per step here; the driver reads them with `reports`."""
+        self._reports.append(record)
+
+    def reports(self, since: int = 0) -> List[Dict[str, Any]]:
+        return self._reports[since:]
 
     async def producer_died(self, producer: str) -> List[int]:
         lost = self.state.producer_died(producer)

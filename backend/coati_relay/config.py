@@ -1,0 +1,419 @@
+"""Run configuration: ColossalChat's `launch_distributed` keywords, checked and turned into one `RunConfig`.
+
+Everything is validated here, in the driver, before any actor starts. Errors name the parameter and the fix.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Union
+
+from coati_relay.inference.base import SamplingConfig
+
+log = logging.getLogger(__name__)
+
+GROUP_ALGOS = ("GRPO", "DAPO", "RLOO", "REINFORCE_PPB")
+ALGOS = GROUP_ALGOS + ("PPO",)
+BACKENDS = ("vllm", "transformers")
+# generate_config keys ColossalChat scripts pass that mean nothing here (HF/vLLM-specific switches).
+_IGNORED_GENERATE_KEYS = {"do_sample", "early_stopping", "max_length", "include_stop_str_in_output",
+                          "stop_strings", "stop", "use_cache", "num_beams", "logprobs"}
+_GENERATE_KEYS = {"max_new_tokens", "max_tokens", "temperature", "top_k", "top_p", "seed", "ignore_eos",
+                  "stop_token_ids"} | _IGNORED_GENERATE_KEYS
+_GRPO_KEYS = {"algo", "lr", "weight_decay", "train_microbatch_size", "beta", "loss_variation", "reward_fn_type",
+              "reward_fn", "max_length", "max_new_tokens", "response_format_tags", "clip_eps_low", "clip_eps_high",
+              "filter_range", "dynamic_batching", "skip_threshold", "soft_over_length_punishment", "cache_length",
+              "filter_truncated_response", "code_verifier_api_url",
+              # PPO (core_algo="PPO")
+              "critic_lr", "value_clip", "gamma", "lam", "kl_coef", "ppo_epochs", "normalize_advantages",
+              "lr_scheduler", "warmup_steps", "max_grad_norm"}
+
+
+class ConfigError(ValueError):
+    """A launch parameter is wrong; the message names it and says how to fix it."""
+
+
+@dataclass
+class RunConfig:
+    """Everything a run needs, checked. Sizes in prompts unless the name says samples."""
+
+    num_producers: int
+    num_consumers: int
+    num_episodes: int
+    inference_batch_size: int
+    inference_microbatch_size: int
+    train_batch_size: int
+    train_minibatch_size: int
+    train_microbatch_size: int
+    num_generations: int
+    core_algo: str
+    inference_backend: str
+    model_path: str
+    train_path: str
+    tokenizer_path: str
+    dataset: Union[str, List[Any]]
+    max_prompt_tokens: int
+    system_prompt: Optional[str]
+    sampling: SamplingConfig
+    inference_model_kwargs: Dict[str, Any]
+    train_model_kwargs: Dict[str, Any]
+    lora: Optional[Dict[str, Any]]
+    plugin: str
+    plugin_options: Dict[str, Any]
+    allow_cpu_fallback: bool
+    algo: Dict[str, Any]
+    reward: Union[str, Callable]
+    reward_model_path: Optional[str]
+    critic_model_path: Optional[str]
+    n_behind: int
+    save_interval: int
+    run_dir: Path
+    save_dir: Path
+    resume_from: Optional[str]
+    on_producer_failure: str
+    timeout_s: float
+    num_prompts: int = 0
+    project_name: str = "coati-relay"
+    seed: int = 42
+    progress: bool = True
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    # -- derived sizes ---------------------------------------------------------------------------------------
+    @property
+    def prompts_per_round(self) -> int:
+        """Prompts consumed between two weight versions (all producers together)."""
+        return self.inference_batch_size * self.num_producers
+
+    @property
+    def tasks_per_round(self) -> int:
+        return self.prompts_per_round // self.inference_microbatch_size
+
+    @property
+    def rounds_per_episode(self) -> int:
+        return self.num_prompts // self.prompts_per_round
+
+    @property
+    def total_rounds(self) -> int:
+        return self.rounds_per_episode * self.num_episodes
+
+    @property
+    def entries_per_consumer(self) -> int:
+        """Queue entries (inference micro-batches) each consumer takes per round."""
+        return self.tasks_per_round // self.num_consumers
+
+    @property
+    def optimizer_steps_per_round(self) -> int:
+        return self.prompts_per_round // (self.train_batch_size * self.num_consumers)
+
+
+def _positive_int(errors: List[str], name: str, value: Any, fix: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        errors.append(f"{name} must be a positive int, got {type(value).__name__} {value!r}. {fix}".strip())
+        return 1
+    if value <= 0:
+        errors.append(f"{name} must be > 0, got {value}. {fix}".strip())
+        return 1
+    return value
+
+
+def _dict(errors: List[str], name: str, value: Any) -> Dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        errors.append(f"{name} must be a dict, got {type(value).__name__}")
+        return {}
+    return dict(value)
+
+
+def _sampling(errors: List[str], gen: Dict[str, Any], grpo: Dict[str, Any]) -> SamplingConfig:
+    unknown = sorted(set(gen) - _GENERATE_KEYS)
+    if unknown:
+        errors.append(f"generate_config has unknown keys {unknown}; accepted: {sorted(_GENERATE_KEYS)}")
+    for k in sorted(set(gen) & _IGNORED_GENERATE_KEYS):
+        log.debug("generate_config[%r] has no effect here and is ignored", k)
+    max_new = gen.get("max_new_tokens") or gen.get("max_tokens") or grpo.get("max_new_tokens") or 16
+    if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new <= 0:
+        errors.append(f"generate_config max_new_tokens/max_tokens must be a positive int, got {max_new!r}")
+        max_new = 16
+    temperature = gen.get("temperature", 1.0)
+    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or temperature <= 0:
+        errors.append(f"generate_config temperature must be a number > 0 (sampling), got {temperature!r}")
+        temperature = 1.0
+    top_p = gen.get("top_p", 1.0)
+    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        errors.append(f"generate_config top_p must be in (0, 1], got {top_p!r}")
+        top_p = 1.0
+    top_k = gen.get("top_k", -1)
+    if top_k is None:
+        top_k = -1
+    if not isinstance(top_k, int) or isinstance(top_k, bool):
+        errors.append(f"generate_config top_k must be an int (-1 or 0 disables it), got {top_k!r}")
+        top_k = -1
+    return SamplingConfig(max_new_tokens=max_new, temperature=float(temperature), top_k=top_k, top_p=float(top_p),
+                          seed=gen.get("seed"), stop_token_ids=list(gen.get("stop_token_ids", [])),
+                          ignore_eos=bool(gen.get("ignore_eos", False)))
+
+
+def _model_path(errors: List[str], name: str, cfg: Dict[str, Any]) -> str:
+    path = cfg.get("path")
+    if not path or not isinstance(path, (str, os.PathLike)):
+        errors.append(f"{name}['path'] is required: a local directory holding a transformers checkpoint")
+        return ""
+    if not Path(path).is_dir() or not (Path(path) / "config.json").exists():
+        errors.append(f"{name}['path'] = {str(path)!r} is not a local model directory (no config.json there); "
+                      f"models are never downloaded at run time: save one with save_pretrained() first")
+    return str(path)
+
+
+def _check_tokenizer(errors: List[str], tokenizer_path: str) -> None:
+    if not tokenizer_path or any("tokenizer" in e or "path" in e for e in errors):
+        return
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer_path)
+    except Exception as exc:  # transformers raises many types here
+        errors.append(f"cannot load a tokenizer from {tokenizer_path!r}: {exc}")
+        return
+    if tok.pad_token_id is None:
+        errors.append(f"the tokenizer at {tokenizer_path!r} has no pad token; set one (e.g. "
+                      f"tokenizer.pad_token = tokenizer.eos_token) and save it, or pass tokenizer_config['path']")
+    if tok.eos_token_id is None:
+        errors.append(f"the tokenizer at {tokenizer_path!r} has no EOS token; responses could never end")
+
+
+def count_prompts(errors: List[str], dataset: Any, tokenizer_path: str, max_prompt_tokens: int,
+                  system_prompt: Optional[str]) -> int:
+    """Loads the dataset once in the driver to count it and catch format errors early."""
+    if errors:
+        return 0
+    from transformers import AutoTokenizer
+
+    from coati_relay.data import load_prompts
+
+    try:
+        ds = load_prompts(dataset, AutoTokenizer.from_pretrained(tokenizer_path),
+                          max_prompt_tokens=max_prompt_tokens, system_prompt=system_prompt)
+    except (ValueError, FileNotFoundError, KeyError, TypeError) as exc:
+        errors.append(f"train_dataset_config: {exc}")
+        return 0
+    return len(ds)
+
+
+def _algo(errors: List[str], core_algo: Any, grpo: Dict[str, Any], num_generations: int) -> Dict[str, Any]:
+    if core_algo not in ALGOS:
+        errors.append(f"core_algo must be one of {list(ALGOS)}, got {core_algo!r}")
+        return {}
+    unknown = sorted(set(grpo) - _GRPO_KEYS)
+    if unknown:
+        errors.append(f"grpo_config has unknown keys {unknown}; accepted: {sorted(_GRPO_KEYS)}")
+    algo = grpo.get("algo", core_algo)
+    if algo != core_algo:
+        errors.append(f"grpo_config['algo'] = {algo!r} disagrees with core_algo = {core_algo!r}; make them equal "
+                      f"(or drop grpo_config['algo'])")
+    if core_algo in GROUP_ALGOS and num_generations < 2:
+        errors.append(f"{core_algo} normalises rewards within a group of num_generations responses per prompt: "
+                      f"num_generations must be >= 2, got {num_generations}; use core_algo='PPO' for one response")
+    dapo = core_algo == "DAPO"
+    out = {
+        "lr": grpo.get("lr", 1e-6),
+        "weight_decay": grpo.get("weight_decay", 0.01 if core_algo != "PPO" else 0.0),
+        "beta": grpo.get("beta", 0.0 if dapo else 0.01),
+        "loss_variation": grpo.get("loss_variation", "token_level" if dapo else "sample_level"),
+        "clip_eps_low": grpo.get("clip_eps_low", 0.2),
+        "clip_eps_high": grpo.get("clip_eps_high", 0.28 if dapo else 0.2),
+        "filter_range": grpo.get("filter_range", [0.01, 0.99] if dapo else None),
+        "soft_over_length_punishment": grpo.get("soft_over_length_punishment", dapo),
+        "cache_length": grpo.get("cache_length"),
+        "filter_truncated_response": grpo.get("filter_truncated_response", dapo),
+        "critic_lr": grpo.get("critic_lr", grpo.get("lr", 1e-6)),
+        "value_clip": grpo.get("value_clip", 0.4),
+        "gamma": grpo.get("gamma", 1.0),
+        "lam": grpo.get("lam", 0.95),
+        "kl_coef": grpo.get("kl_coef", grpo.get("beta", 0.01) if core_algo == "PPO" else 0.0),
+        "ppo_epochs": grpo.get("ppo_epochs", 1),
+        "normalize_advantages": grpo.get("normalize_advantages", core_algo == "PPO"),
+        "lr_scheduler": grpo.get("lr_scheduler", "constant"),
+        "warmup_steps": grpo.get("warmup_steps", 0),
+        "max_grad_norm": grpo.get("max_grad_norm"),
+    }
+    for key in ("lr", "critic_lr"):
+        v = out[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            errors.append(f"grpo_config['{key}'] must be a finite number > 0, got {v!r}")
+    if out["loss_variation"] not in ("sample_level", "token_level"):
+        errors.append(f"grpo_config['loss_variation'] must be 'sample_level' or 'token_level', "
+                      f"got {out['loss_variation']!r}")
+    if not isinstance(out["beta"], (int, float)) or out["beta"] < 0:
+        errors.append(f"grpo_config['beta'] (KL weight) must be >= 0, got {out['beta']!r}")
+    fr = out["filter_range"]
+    if fr is not None and (not isinstance(fr, (list, tuple)) or len(fr) != 2 or not fr[0] < fr[1]):
+        errors.append(f"grpo_config['filter_range'] must be [low, high] with low < high, got {fr!r}")
+    if not isinstance(out["ppo_epochs"], int) or out["ppo_epochs"] < 1:
+        errors.append(f"grpo_config['ppo_epochs'] must be an int >= 1, got {out['ppo_epochs']!r}")
+    return out
+
+
+def _reward(errors: List[str], grpo: Dict[str, Any], reward_model_config: Optional[Dict[str, Any]]):
+    reward = grpo.get("reward_fn", grpo.get("reward_fn_type", "toy_letter"))
+    if reward_model_config:
+        return reward
+    if callable(reward):
+        return reward
+    if not isinstance(reward, str):
+        errors.append(f"grpo_config['reward_fn'] must be a registered name or a callable, got {type(reward).__name__}")
+        return reward
+    from coati_relay.rewards import get_reward_fn
+
+    try:
+        get_reward_fn(reward)
+    except ValueError as exc:
+        errors.append(f"grpo_config['reward_fn_type']: {exc}")
+    return reward
+
+
+def build_run_config(
+    num_producers: int, num_proc_per_producer: int, num_consumer_procs: int, num_episodes: int,
+    inference_batch_size: int, inference_microbatch_size: int, train_batch_size: int, train_minibatch_size: int,
+    train_dataset_config: Dict[str, Any], inference_model_config: Dict[str, Any], generate_config: Dict[str, Any],
+    train_model_config: Dict[str, Any], grpo_config: Dict[str, Any], plugin_config: Dict[str, Any],
+    tokenizer_config: Optional[Dict[str, Any]] = None, inference_backend: str = "transformers",
+    num_generations: int = 8, core_algo: str = "GRPO", project_name: Optional[str] = None,
+    save_interval: int = 100, save_dir: Optional[str] = None, n_behind: int = 0,
+    critic_model_config: Optional[Dict[str, Any]] = None, reward_model_config: Optional[Dict[str, Any]] = None,
+    run_dir: Optional[str] = None, resume_from: Optional[str] = None, on_producer_failure: str = "fail",
+    timeout_s: float = 300.0, seed: int = 42, progress: bool = True, **ignored: Any,
+) -> RunConfig:
+    """Checks every launch parameter and the constraints between them; raises one `ConfigError` listing all."""
+    errors: List[str] = []
+    np_ = _positive_int(errors, "num_producers", num_producers)
+    ppp = _positive_int(errors, "num_proc_per_producer", num_proc_per_producer)
+    nc = _positive_int(errors, "num_consumer_procs", num_consumer_procs)
+    ne = _positive_int(errors, "num_episodes", num_episodes)
+    ibs = _positive_int(errors, "inference_batch_size", inference_batch_size)
+    imbs = _positive_int(errors, "inference_microbatch_size", inference_microbatch_size)
+    tbs = _positive_int(errors, "train_batch_size", train_batch_size)
+    tmbs = _positive_int(errors, "train_minibatch_size", train_minibatch_size)
+    ng = _positive_int(errors, "num_generations", num_generations)
+    _positive_int(errors, "save_interval", save_interval)
+    if isinstance(n_behind, bool) or not isinstance(n_behind, int) or n_behind < 0:
+        errors.append(f"n_behind must be an int >= 0 (0: on-policy lock-step), got {n_behind!r}")
+        n_behind = 0
+    if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+        errors.append(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+        timeout_s = 300.0
+    if on_producer_failure not in ("fail", "continue"):
+        errors.append(f"on_producer_failure must be 'fail' or 'continue', got {on_producer_failure!r}")
+    if inference_backend not in BACKENDS:
+        errors.append(f"inference_backend must be one of {list(BACKENDS)}, got {inference_backend!r}")
+    if ppp > 1:
+        import torch
+
+        if not torch.cuda.is_available():
+            errors.append(f"num_proc_per_producer={ppp} asks for tensor-parallel producers, which need GPUs; "
+                          f"use 1 on a host without CUDA")
+    if ignored:
+        log.info("launch parameters without effect here: %s", sorted(ignored))
+
+    # Sizes must tile: producers' micro-batches, consumers' shares and optimizer batches.
+    if imbs and ibs % imbs:
+        errors.append(f"inference_batch_size ({ibs}) must be a multiple of inference_microbatch_size ({imbs})")
+    if tmbs > tbs or tbs % tmbs:
+        errors.append(f"train_batch_size ({tbs}) must be a multiple of train_minibatch_size ({tmbs}) and >= it")
+    if (ibs * np_) % (tbs * nc):
+        errors.append(f"inference_batch_size * num_producers ({ibs}*{np_}={ibs * np_} prompts per weight version) "
+                      f"must be a multiple of train_batch_size * num_consumer_procs ({tbs}*{nc}={tbs * nc}), "
+                      f"otherwise consumers would wait for prompts that never come")
+    if imbs and (ibs * np_ // imbs) % nc:
+        errors.append(f"the {ibs * np_ // max(imbs, 1)} inference micro-batches per weight version "
+                      f"(inference_batch_size*num_producers/inference_microbatch_size) must split evenly over "
+                      f"num_consumer_procs={nc}")
+    if imbs and (tbs % imbs and imbs % tbs):
+        errors.append(f"train_batch_size ({tbs}) and inference_microbatch_size ({imbs}) must divide one another")
+
+    tdc = _dict(errors, "train_dataset_config", train_dataset_config)
+    imc = _dict(errors, "inference_model_config", inference_model_config)
+    tmc = _dict(errors, "train_model_config", train_model_config)
+    gen = _dict(errors, "generate_config", generate_config)
+    grpo = _dict(errors, "grpo_config", grpo_config)
+    plc = _dict(errors, "plugin_config", plugin_config)
+    tokc = _dict(errors, "tokenizer_config", tokenizer_config)
+
+    model_path = _model_path(errors, "inference_model_config", imc)
+    train_path = _model_path(errors, "train_model_config", tmc) if tmc.get("path") else model_path
+    if model_path and train_path and Path(model_path).resolve() != Path(train_path).resolve():
+        log.info("producers generate from %s, consumers train %s", model_path, train_path)
+    tokenizer_path = str(tokc.get("path") or model_path)
+    _check_tokenizer(errors, tokenizer_path)
+
+    sampling = _sampling(errors, gen, grpo)
+    tmicro = grpo.get("train_microbatch_size", tmbs * ng)
+    if isinstance(tmicro, bool) or not isinstance(tmicro, int) or tmicro <= 0:
+        errors.append(f"grpo_config['train_microbatch_size'] must be a positive int (samples per forward), "
+                      f"got {tmicro!r}")
+        tmicro = 1
+    algo = _algo(errors, core_algo, grpo, ng)
+
+    rm_cfg = _dict(errors, "reward_model_config", reward_model_config)
+    rm_path = _model_path(errors, "reward_model_config", rm_cfg) if rm_cfg else None
+    critic_cfg = _dict(errors, "critic_model_config", critic_model_config)
+    critic_path = _model_path(errors, "critic_model_config", critic_cfg) if critic_cfg else None
+    if core_algo == "PPO" and critic_path is None:
+        critic_path = train_path  # value head on a copy of the policy's trunk
+    if critic_cfg and core_algo != "PPO":
+        errors.append(f"critic_model_config is only used with core_algo='PPO' (got {core_algo!r}); drop it")
+    reward = _reward(errors, grpo, rm_cfg)
+
+    from coati_relay.training.plugins import resolve_plugin
+
+    plugin_name = plc.pop("plugin", None)
+    allow_fallback = bool(plc.pop("allow_cpu_fallback", False))
+    max_norm = plc.pop("max_norm", None)
+    plc.pop("microbatch_size", None)  # ColossalChat passes it for pipeline parallelism only
+    if plugin_name is None:
+        plugin_name = "hybrid" if {"tp_size", "pp_size", "zero_stage"} & set(plc) else "ddp"
+        if plugin_name == "hybrid" and all(plc.get(k, d) == d for k, d in
+                                           (("tp_size", 1), ("pp_size", 1), ("zero_stage", 0))):
+            plugin_name = "ddp"
+            plc = {}
+    try:
+        plugin_name, plc = resolve_plugin(plugin_name, plc, allow_cpu_fallback=allow_fallback)
+    except ValueError as exc:
+        errors.append(f"plugin_config: {exc}")
+    if max_norm is not None and algo.get("max_grad_norm") is None:
+        algo["max_grad_norm"] = max_norm
+
+    dataset = tdc.get("path", tdc.get("prompts"))
+    if dataset is None:
+        errors.append("train_dataset_config needs 'path' (a .jsonl in ColossalChat's format or a .csv with a "
+                      "'prompt' column) or 'prompts' (a list of strings)")
+    max_prompt_tokens = _positive_int(errors, "train_dataset_config['max_length']", tdc.get("max_length", 512))
+    system_prompt = tdc.get("system_prompt")
+    num_prompts = count_prompts(errors, dataset, tokenizer_path, max_prompt_tokens, system_prompt)
+    if not errors and num_prompts < ibs * np_:
+        errors.append(f"the dataset has {num_prompts} prompts, fewer than one weight version needs "
+                      f"(inference_batch_size*num_producers = {ibs * np_}); lower the batch sizes or add prompts")
+
+    if errors:
+        raise ConfigError("invalid launch configuration:\n  - " + "\n  - ".join(errors))
+
+    name = (project_name or "coati-relay").replace(" ", "_")
+    rd = Path(run_dir) if run_dir else Path("runs") / name
+    return RunConfig(
+        num_producers=np_, num_consumers=nc, num_episodes=ne, inference_batch_size=ibs,
+        inference_microbatch_size=imbs, train_batch_size=tbs, train_minibatch_size=tmbs,
+        train_microbatch_size=tmicro, num_generations=ng, core_algo=core_algo, inference_backend=inference_backend,
+        model_path=model_path, tokenizer_path=tokenizer_path, dataset=dataset, max_prompt_tokens=max_prompt_tokens,
+        system_prompt=system_prompt, sampling=sampling,
+        inference_model_kwargs={k: v for k, v in imc.items() if k not in ("path", "checkpoint_path")},
+        train_model_kwargs={k: v for k, v in tmc.items() if k not in ("path", "checkpoint_path", "lora")},
+        train_path=train_path, lora=tmc.get("lora"), plugin=plugin_name, plugin_options=plc,
+        allow_cpu_fallback=allow_fallback, algo=algo, reward=reward, reward_model_path=rm_path,
+        critic_model_path=critic_path, n_behind=n_behind, save_interval=save_interval, run_dir=rd,
+        save_dir=Path(save_dir) if save_dir else rd, resume_from=resume_from or tmc.get("checkpoint_path"),
+        on_producer_failure=on_producer_failure, timeout_s=float(timeout_s), num_prompts=num_prompts,
+        project_name=name, seed=seed, progress=progress,
+    )

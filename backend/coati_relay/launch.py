@@ -1,0 +1,217 @@
+"""`launch_distributed`: ColossalChat's entry point, on Ray, returning a `RunResult` instead of None.
+
+The driver validates the whole configuration first, then starts the queue, the weight store, the consumers and
+the producers, and supervises them: every wait has a timeout, and a dead actor ends the run within seconds with an
+error that names it (or, with ``on_producer_failure="continue"``, its tasks go to the surviving producers).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from coati_relay.config import RunConfig, build_run_config
+
+log = logging.getLogger(__name__)
+
+# Environment every engine actor gets: offline hub, in-process vLLM engine, small CPU KV cache.
+ACTOR_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+}
+
+
+class RunFailed(RuntimeError):
+    """A role died or timed out; the message names it, and ``counters`` holds the queue's accounting."""
+
+    def __init__(self, message: str, counters: Optional[Dict[str, Any]] = None):
+        super().__init__(message)
+        self.counters = counters or {}
+
+
+@dataclass
+class RunResult:
+    history: List[Dict[str, Any]]
+    checkpoints: List[str]
+    run_dir: Path
+    summary: Dict[str, Any]
+    counters: Dict[str, Any]
+    producer_stats: List[Dict[str, Any]] = field(default_factory=list)
+    setup_s: float = 0.0
+
+
+def launch_distributed(**kwargs: Any) -> RunResult:
+    """Runs producers and consumers to the end. Takes ColossalChat's keywords (see `build_run_config`)."""
+    cfg = build_run_config(**kwargs)
+    return run(cfg)
+
+
+def _resources(cfg: RunConfig) -> Dict[str, Dict[str, Any]]:
+    """Actor options that fit the cluster: GPUs where it has them, else CPU shares that never over-ask."""
+    import ray
+
+    res = ray.cluster_resources()
+    cpus, gpus = float(res.get("CPU", 1)), float(res.get("GPU", 0))
+    n_actors = cfg.num_producers + cfg.num_consumers
+    cpu_share = max(0.01, min(1.0, cpus / n_actors))
+    if gpus >= n_actors:
+        return {"producer": {"num_gpus": 1, "num_cpus": cpu_share}, "consumer": {"num_gpus": 1, "num_cpus": cpu_share}}
+    if gpus:
+        log.warning("the cluster has %g GPUs for %d actors; every role runs on CPU", gpus, n_actors)
+    threads = max(1, int(cpus // n_actors))
+    env = {"runtime_env": {"env_vars": {**ACTOR_ENV, "OMP_NUM_THREADS": str(threads)}}}
+    return {"producer": {"num_cpus": cpu_share, **env}, "consumer": {"num_cpus": cpu_share, **env}}
+
+
+def _start_state(cfg: RunConfig) -> Dict[str, Any]:
+    if not cfg.resume_from:
+        return {"round": 0}
+    from coati_relay.checkpoint import load_checkpoint
+
+    state = load_checkpoint(cfg.resume_from, {})
+    if int(state.get("round", 0)) >= cfg.total_rounds:
+        raise ValueError(f"resume_from={cfg.resume_from!r} is at round {state.get('round')}, the run has only "
+                         f"{cfg.total_rounds}; raise num_episodes to train further")
+    return state
+
+
+def run(cfg: RunConfig) -> RunResult:
+    import ray
+
+    from coati_relay.consumer import ConsumerWorker
+    from coati_relay.metrics import MetricsLogger, ProgressBar, run_summary
+    from coati_relay.producer import ProducerWorker
+    from coati_relay.rollout_queue import make_rollout_queue
+    from coati_relay.training.distributed import free_port
+    from coati_relay.weight_sync import make_weight_store
+
+    t_start = time.perf_counter()
+    start = _start_state(cfg)
+    start_round = int(start.get("round", 0))
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": ACTOR_ENV})
+    opts = _resources(cfg)
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    queue = make_rollout_queue(maxsize=cfg.tasks_per_round * (cfg.n_behind + 1), staleness=cfg.n_behind,
+                               total_tasks=cfg.total_rounds * cfg.tasks_per_round,
+                               first_task=start_round * cfg.tasks_per_round)
+    store = make_weight_store()
+    consumer_cls = ray.remote(ConsumerWorker)
+    producer_cls = ray.remote(ProducerWorker)
+    consumers = [consumer_cls.options(name=None, **opts["consumer"]).remote(r, cfg, queue, store)
+                 for r in range(cfg.num_consumers)]
+    producers = [producer_cls.options(**opts["producer"]).remote(i, cfg, queue, store, start_round)
+                 for i in range(cfg.num_producers)]
+    names = {**{c: f"consumer-{r}" for r, c in enumerate(consumers)},
+             **{p: f"producer-{i}" for i, p in enumerate(producers)}}
+    supervisor = _Supervisor(cfg, queue, names)
+    try:
+        port = free_port()
+        setup_refs = [c.setup.remote("127.0.0.1", port) for c in consumers] + [p.setup.remote() for p in producers]
+        supervisor.wait_all(setup_refs, list(names.keys()), what="set-up")
+        setup_s = time.perf_counter() - t_start
+        logger = MetricsLogger(cfg.run_dir)
+        bar = ProgressBar(cfg.total_rounds, desc=f"{cfg.core_algo} {cfg.project_name}", enabled=cfg.progress)
+        run_refs = {c.run.remote(): c for c in consumers}
+        run_refs.update({p.run.remote(): p for p in producers})
+        results = supervisor.supervise(run_refs, on_report=lambda rec: (logger.log(rec["step"], rec),
+                                                                        bar.update(rec["step"] - 1, rec)))
+        bar.close()
+        counters = ray.get(queue.counters.remote(), timeout=30)
+    finally:
+        for actor in list(names):
+            ray.kill(actor, no_restart=True)
+        ray.kill(queue, no_restart=True)
+        ray.kill(store, no_restart=True)
+    history = results[consumers[0]]
+    checkpoints = [h["checkpoint"] for h in history if "checkpoint" in h]
+    summary = run_summary(history)
+    summary["setup_s"] = setup_s
+    return RunResult(history=history, checkpoints=checkpoints, run_dir=cfg.run_dir, summary=summary,
+                     counters=counters, producer_stats=[results[p] for p in producers if p in results],
+                     setup_s=setup_s)
+
+
+class _Supervisor:
+    """Waits on actor calls with timeouts, and turns a dead actor into a `RunFailed` that names it."""
+
+    def __init__(self, cfg: RunConfig, queue, names: Dict[Any, str]):
+        self.cfg = cfg
+        self.queue = queue
+        self.names = names
+
+    def _fail(self, message: str) -> None:
+        import ray
+
+        try:
+            ray.get(self.queue.close.remote(message), timeout=10)
+            counters = ray.get(self.queue.counters.remote(), timeout=10)
+        except Exception:  # the queue itself may be gone; the message matters more
+            counters = {}
+        raise RunFailed(f"{message}; queue counters: {counters}", counters)
+
+    def wait_all(self, refs: List[Any], actors: List[Any], what: str) -> List[Any]:
+        import ray
+
+        deadline = time.monotonic() + self.cfg.timeout_s + 600  # engine start and model loading included
+        pending = {r: a for r, a in zip(refs, actors)}
+        out = []
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(5.0, max(0.1, deadline - time.monotonic())))
+            if not ready:
+                if time.monotonic() > deadline:
+                    self._fail(f"{what} did not finish in time: waiting for "
+                               f"{sorted(self.names[a] for a in pending.values())}")
+                continue
+            ref = ready[0]
+            actor = pending.pop(ref)
+            try:
+                out.append(ray.get(ref))
+            except Exception as exc:
+                self._fail(f"{self.names[actor]} failed during {what}: {_short(exc)}")
+        return out
+
+    def supervise(self, run_refs: Dict[Any, Any], on_report) -> Dict[Any, Any]:
+        import ray
+
+        results: Dict[Any, Any] = {}
+        seen = 0
+        pending = dict(run_refs)
+        alive_producers = sum(1 for a in pending.values() if self.names[a].startswith("producer"))
+        last_progress = time.monotonic()
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            reports = ray.get(self.queue.reports.remote(seen), timeout=30)
+            for rec in reports:
+                on_report(rec)
+            if reports:
+                last_progress = time.monotonic()
+            seen += len(reports)
+            if not ready:
+                if time.monotonic() - last_progress > self.cfg.timeout_s + 60:
+                    self._fail(f"no training step finished for {self.cfg.timeout_s + 60:.0f}s; "
+                               f"still running: {sorted(self.names[a] for a in pending.values())}")
+                continue
+            ref = ready[0]
+            actor = pending.pop(ref)
+            name = self.names[actor]
+            try:
+                results[actor] = ray.get(ref)
+            except Exception as exc:
+                if name.startswith("producer") and self.cfg.on_producer_failure == "continue" and alive_producers > 1:
+                    alive_producers -= 1
+                    lost = ray.get(self.queue.producer_died.remote(name), timeout=30)
+                    log.warning("%s died (%s); its tasks %s go to the other producers", name, _short(exc), lost)
+                    continue
+                self._fail(f"{name} died: {_short(exc)}")
+        return results
+
+
+def _short(exc: BaseException, limit: int = 600) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[:limit] + " ..."

@@ -1,0 +1,178 @@
+"""The producer role: claim a task (a micro-batch of prompts), generate, score, hand the rollout to the queue.
+
+Task ``t`` belongs to round ``t // tasks_per_round``; a round is what consumers train on between two weight
+versions. A producer generates round ``r`` only with weights of version ``>= r - n_behind`` (0: lock-step,
+on-policy) and always loads the newest version it sees.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from coati_relay.config import RunConfig
+from coati_relay.rollout import Rollout
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 2.0  # how often a producer waiting for weights looks for tasks a dead producer left behind
+
+
+class ProducerWorker:
+    """One producer, usable without Ray (the queue and weight store handles may be actors or local objects)."""
+
+    def __init__(self, index: int, cfg: RunConfig, queue, weight_store, start_version: int = 0):
+        self.index = index
+        self.name = f"producer-{index}"
+        self.cfg = cfg
+        self.queue = queue
+        self.store = weight_store
+        self.start_version = start_version
+        self.last_load_s = 0.0
+        self.stats: Dict[str, float] = {"tasks": 0, "samples": 0, "tokens": 0, "generate_s": 0.0,
+                                        "weight_load_s": 0.0, "weight_loads": 0, "wait_s": 0.0}
+
+    # -- set-up ----------------------------------------------------------------------------------------------
+    def setup(self) -> Dict[str, Any]:
+        from transformers import AutoTokenizer
+
+        from coati_relay.data import PromptSampler, load_prompts
+        from coati_relay.inference import build_inference_backend
+        from coati_relay.weight_sync import WeightSubscriber
+
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_path)
+        self.tokenizer.padding_side = "left"
+        self.dataset = load_prompts(cfg.dataset, self.tokenizer, max_prompt_tokens=cfg.max_prompt_tokens,
+                                    system_prompt=cfg.system_prompt)
+        self.sampler = PromptSampler(len(self.dataset), cfg.inference_microbatch_size, seed=cfg.seed)
+        self.backend = build_inference_backend(cfg.inference_backend, cfg.model_path, cfg.sampling,
+                                               tokenizer=self.tokenizer, seed=cfg.seed + self.index,
+                                               **cfg.inference_model_kwargs)
+        self.reward_fn = self.rm_scorer = None
+        if cfg.reward_model_path:
+            from coati_relay.rewards import RewardModelScorer
+
+            self.rm_scorer = RewardModelScorer(cfg.reward_model_path, tokenizer=self.tokenizer)
+        else:
+            from coati_relay.rewards import get_reward_fn
+
+            self.reward_fn = get_reward_fn(cfg.reward)
+        base = None
+        if cfg.lora:
+            from coati_relay.training.booster_backend import load_causal_lm
+
+            base = {k: v.detach().clone() for k, v in load_causal_lm(cfg.model_path).state_dict().items()}
+        self.subscriber = WeightSubscriber(self.store, base_weights=base)
+        self._load_version(self.start_version, timeout_s=self.cfg.timeout_s)
+        return {"producer": self.name, "setup_s": time.perf_counter() - t0, "backend": cfg.inference_backend}
+
+    # -- weights ---------------------------------------------------------------------------------------------
+    def _load_version(self, min_version: int, timeout_s: float) -> None:
+        t0 = time.perf_counter()
+        version, tensors = self.subscriber.fetch(min_version, timeout_s=timeout_s)
+        self.backend.load_weights(version, tensors)
+        self.last_load_s = time.perf_counter() - t0
+        self.stats["weight_load_s"] += self.last_load_s
+        self.stats["weight_loads"] += 1
+        log.debug("%s loaded weights v%d in %.3fs", self.name, version, time.perf_counter() - t0)
+
+    def _latest_version(self) -> Optional[int]:
+        return _call(self.store.latest_version, timeout_s=30)
+
+    def _ensure_version(self, needed: int) -> None:
+        """Blocks until weights of version >= ``needed`` are loaded, running orphaned tasks meanwhile."""
+        latest = self._latest_version()
+        if latest is not None and latest > self.backend.weight_version:
+            self._load_version(latest, timeout_s=self.cfg.timeout_s)
+        deadline = time.monotonic() + self.cfg.timeout_s
+        while self.backend.weight_version < needed:
+            t0 = time.perf_counter()
+            try:
+                self._load_version(needed, timeout_s=_POLL_S)
+            except TimeoutError:  # also Ray's GetTimeoutError and RayTaskError(TimeoutError)
+                orphan = _call(self.queue.claim_task, self.name, True, timeout_s=30)
+                if orphan is not None and orphan >= 0:
+                    self._run_task(orphan)
+            self.stats["wait_s"] += time.perf_counter() - t0
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name}: no weights of version >= {needed} within "
+                                   f"{self.cfg.timeout_s:.0f}s; is a consumer stuck or dead?")
+
+    # -- work ------------------------------------------------------------------------------------------------
+    def _prompt_indices(self, task: int) -> List[int]:
+        cfg = self.cfg
+        per_episode = cfg.rounds_per_episode * cfg.tasks_per_round
+        episode, k = divmod(task, per_episode)
+        return self.sampler.batch(episode * self.sampler.tasks_per_epoch + k)
+
+    def _score(self, rollout: Rollout, prompts_text: List[str]) -> torch.Tensor:
+        if self.rm_scorer is not None:
+            return self.rm_scorer(rollout.sequences, rollout.attention_mask).float()
+        texts = self.tokenizer.batch_decode(
+            [ids[: int(n)] for ids, n in zip(rollout.response_ids.tolist(), rollout.response_lengths.tolist())],
+            skip_special_tokens=True)
+        g = rollout.group_size
+        gts = [a for a in rollout.info.get("gt_answer", [None] * rollout.num_prompts) for _ in range(g)]
+        prompts = [p for p in prompts_text for _ in range(g)]
+        rewards = self.reward_fn(texts, gts, prompts).float()
+        return rewards + self._overlong_penalty(rollout.response_lengths)
+
+    def _overlong_penalty(self, lengths: torch.Tensor) -> torch.Tensor:
+        """DAPO's soft over-length punishment: linear from 0 at ``L - cache`` to -1 at ``L`` (L = max_new_tokens)."""
+        if not self.cfg.algo.get("soft_over_length_punishment"):
+            return torch.zeros(lengths.shape)
+        big = self.cfg.sampling.max_new_tokens
+        cache = self.cfg.algo.get("cache_length") or max(1, big // 4)
+        return -((lengths.float() - (big - cache)).clamp(min=0) / cache).clamp(max=1.0)
+
+    def _run_task(self, task: int) -> None:
+        import ray
+
+        cfg = self.cfg
+        idx = self._prompt_indices(task)
+        info = {k: [v[i] for i in idx] for k, v in self.dataset.info.items()}
+        t0 = time.perf_counter()
+        rollout = self.backend.generate([self.dataset.prompt_ids[i] for i in idx], cfg.num_generations, info)
+        gen_s = time.perf_counter() - t0
+        rollout.rewards = self._score(rollout, info.get("prompt_text", [""] * len(idx)))
+        tokens = int(rollout.response_lengths.sum())
+        self.stats["tasks"] += 1
+        self.stats["samples"] += rollout.num_sequences
+        self.stats["tokens"] += tokens
+        self.stats["generate_s"] += gen_s
+        meta = {"generate_s": gen_s, "tokens": tokens, "weight_load_last_s": self.last_load_s}
+        _call(self.queue.put, [ray.put(rollout)], rollout.weight_version, rollout.num_prompts, self.name, task,
+              cfg.timeout_s, meta, timeout_s=cfg.timeout_s + 30)
+
+    def run(self) -> Dict[str, float]:
+        """Works until the board is empty; returns this producer's counters."""
+        cfg = self.cfg
+        while True:
+            task = _call(self.queue.claim_task, self.name, timeout_s=30)
+            if task is None:
+                break
+            if task < 0:
+                time.sleep(0.2)
+                continue
+            self._ensure_version(task // cfg.tasks_per_round - cfg.n_behind)
+            self._run_task(task)
+        self.backend_close()
+        return dict(self.stats)
+
+    def backend_close(self) -> None:
+        close = getattr(self.backend, "close", None)
+        if close:
+            close()
+
+
+def _call(method, *args, timeout_s: float, **kwargs):
+    """Calls a Ray actor method (``.remote`` + ``ray.get`` with a timeout) or a plain method."""
+    if hasattr(method, "remote"):
+        import ray
+
+        return ray.get(method.remote(*args, **kwargs), timeout=timeout_s)
+    return method(*args, **kwargs)
