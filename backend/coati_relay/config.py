@@ -26,7 +26,7 @@ _GENERATE_KEYS = {"max_new_tokens", "max_tokens", "temperature", "top_k", "top_p
 _GRPO_KEYS = {"algo", "lr", "weight_decay", "train_microbatch_size", "beta", "loss_variation", "reward_fn_type",
               "reward_fn", "max_length", "max_new_tokens", "response_format_tags", "clip_eps_low", "clip_eps_high",
               "filter_range", "dynamic_batching", "skip_threshold", "soft_over_length_punishment", "cache_length",
-              "filter_truncated_response", "code_verifier_api_url",
+              "filter_truncated_response", "code_verifier_api_url", "overlength_scale",
               # PPO (core_algo="PPO")
               "critic_lr", "value_clip", "gamma", "lam", "kl_coef", "ppo_epochs", "normalize_advantages",
               "lr_scheduler", "warmup_steps", "max_grad_norm"}
@@ -228,6 +228,7 @@ def _algo(errors: List[str], core_algo: Any, grpo: Dict[str, Any], num_generatio
         "filter_range": grpo.get("filter_range", [0.01, 0.99] if dapo else None),
         "soft_over_length_punishment": grpo.get("soft_over_length_punishment", dapo),
         "cache_length": grpo.get("cache_length"),
+        "overlength_scale": grpo.get("overlength_scale", 1.0),
         "filter_truncated_response": grpo.get("filter_truncated_response", dapo),
         "critic_lr": grpo.get("critic_lr", grpo.get("lr", 1e-6)),
         "value_clip": grpo.get("value_clip", 0.4),

@@ -156,7 +156,7 @@ class ConsumerWorker:
                                                    .replace("reinforce_ppb", "reinforce_pp")).unsqueeze(1)
                 if cfg.core_algo == "REINFORCE_PPB" and ref_logp is not None:
                     kl = algos.kl_estimate(batch.logprobs, ref_logp, kind="k3")
-                    advantages = algos.whiten(advantages - a["beta"] * kl, mask) * mask
+                    advantages = algos.kl_folded_advantages(advantages, kl, mask, a["beta"])
                     ref_logp = None  # the KL is in the advantages now, not in the loss
             loss_mask = self._loss_mask(batch, rewards)
         stats["kept_fraction"] = loss_mask.mean().item()

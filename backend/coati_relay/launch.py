@@ -119,8 +119,13 @@ def run(cfg: RunConfig) -> RunResult:
         bar = ProgressBar(cfg.total_rounds, desc=f"{cfg.core_algo} {cfg.project_name}", enabled=cfg.progress)
         run_refs = {c.run.remote(): c for c in consumers}
         run_refs.update({p.run.remote(): p for p in producers})
-        results = supervisor.supervise(run_refs, on_report=lambda rec: (logger.log(rec["step"], rec),
-                                                                        bar.update(rec["step"] - 1, rec)))
+
+        def on_report(rec: Dict[str, Any]) -> None:
+            numbers = {k: v for k, v in rec.items() if k not in ("step", "time") and isinstance(v, (int, float))}
+            logger.log(int(rec["step"]), numbers)
+            bar.update(int(rec["step"]) - 1, numbers)
+
+        results = supervisor.supervise(run_refs, on_report=on_report)
         bar.close()
         counters = ray.get(queue.counters.remote(), timeout=30)
     finally:
@@ -130,7 +135,7 @@ def run(cfg: RunConfig) -> RunResult:
         ray.kill(store, no_restart=True)
     history = results[consumers[0]]
     checkpoints = [h["checkpoint"] for h in history if "checkpoint" in h]
-    summary = run_summary(history)
+    summary = run_summary(logger.history)
     summary["setup_s"] = setup_s
     return RunResult(history=history, checkpoints=checkpoints, run_dir=cfg.run_dir, summary=summary,
                      counters=counters, producer_stats=[results[p] for p in producers if p in results],

@@ -119,15 +119,14 @@ class ProducerWorker:
         gts = [a for a in rollout.info.get("gt_answer", [None] * rollout.num_prompts) for _ in range(g)]
         prompts = [p for p in prompts_text for _ in range(g)]
         rewards = self.reward_fn(texts, gts, prompts).float()
-        return rewards + self._overlong_penalty(rollout.response_lengths)
+        if self.cfg.algo.get("soft_over_length_punishment"):
+            from coati_relay.rewards import soft_overlength_penalty
 
-    def _overlong_penalty(self, lengths: torch.Tensor) -> torch.Tensor:
-        """DAPO's soft over-length punishment: linear from 0 at ``L - cache`` to -1 at ``L`` (L = max_new_tokens)."""
-        if not self.cfg.algo.get("soft_over_length_punishment"):
-            return torch.zeros(lengths.shape)
-        big = self.cfg.sampling.max_new_tokens
-        cache = self.cfg.algo.get("cache_length") or max(1, big // 4)
-        return -((lengths.float() - (big - cache)).clamp(min=0) / cache).clamp(max=1.0)
+            big = self.cfg.sampling.max_new_tokens
+            rewards = soft_overlength_penalty(rewards, rollout.response_lengths, big,
+                                              self.cfg.algo.get("cache_length") or max(1, big // 4),
+                                              scale=self.cfg.algo.get("overlength_scale", 1.0))
+        return rewards
 
     def _run_task(self, task: int) -> None:
         import ray

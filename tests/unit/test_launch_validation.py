@@ -1,0 +1,142 @@
+"""Bad launch inputs: each gets a clear `ConfigError` from the driver, before any actor starts."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from coati_relay.config import ConfigError, build_run_config
+from coati_relay.toy import write_toy_dataset
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, tiny_model_path):
+    d = tmp_path_factory.mktemp("bad-inputs")
+    data = write_toy_dataset(d / "ok.jsonl", num_prompts=16)
+    (d / "empty.jsonl").write_text("")
+    (d / "broken.jsonl").write_text(json.dumps({"messages": {"role": "user", "content": "hi"}}) + "\n{oops\n")
+    (d / "nomessages.jsonl").write_text(json.dumps({"prompt": "hi"}) + "\n")
+    (d / "noprompt.csv").write_text("question\nhello\n")
+    (d / "prompts.txt").write_text("hello\n")
+    nopad = d / "nopad-model"
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    tok.pad_token = None
+    tok.save_pretrained(nopad)
+    AutoModelForCausalLM.from_pretrained(tiny_model_path).save_pretrained(nopad)
+    return {"dir": d, "data": str(data), "model": tiny_model_path, "nopad": str(nopad)}
+
+
+def good(files, **over):
+    kw = dict(
+        num_producers=2, num_proc_per_producer=1, num_consumer_procs=2, num_episodes=1,
+        inference_batch_size=4, inference_microbatch_size=2, train_batch_size=2, train_minibatch_size=2,
+        train_dataset_config={"path": files["data"], "max_length": 32},
+        inference_model_config={"path": files["model"]},
+        generate_config={"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0},
+        train_model_config={"path": files["model"]},
+        grpo_config={"lr": 1e-3, "reward_fn_type": "toy_letter"},
+        plugin_config={}, inference_backend="transformers", num_generations=4, core_algo="GRPO",
+        run_dir=str(files["dir"] / "run"),
+    )
+    kw.update(over)
+    return kw
+
+
+def test_good_config_passes_and_derives_sizes(files):
+    cfg = build_run_config(**good(files))
+    assert cfg.num_prompts == 16
+    assert cfg.prompts_per_round == 8 and cfg.tasks_per_round == 4 and cfg.entries_per_consumer == 2
+    assert cfg.rounds_per_episode == 2 and cfg.optimizer_steps_per_round == 2
+    assert cfg.plugin == "ddp"
+
+
+def _p(files, key):
+    return str(files["dir"] / key)
+
+
+# (case id, overrides (callable of files), words the message must contain)
+BAD = [
+    ("producers-str", lambda f: {"num_producers": "2"}, ["num_producers", "int"]),
+    ("producers-zero", lambda f: {"num_producers": 0}, ["num_producers", "> 0"]),
+    ("consumers-negative", lambda f: {"num_consumer_procs": -1}, ["num_consumer_procs"]),
+    ("episodes-float", lambda f: {"num_episodes": 1.5}, ["num_episodes"]),
+    ("bool-size", lambda f: {"train_batch_size": True}, ["train_batch_size"]),
+    ("micro-not-dividing", lambda f: {"inference_microbatch_size": 3}, ["inference_microbatch_size"]),
+    ("deadlock-sizes", lambda f: {"train_batch_size": 3, "train_minibatch_size": 3},
+     ["train_batch_size * num_consumer_procs", "never come"]),
+    ("minibatch-gt-batch", lambda f: {"train_minibatch_size": 4}, ["train_minibatch_size"]),
+    ("consumers-vs-microbatches", lambda f: {"num_consumer_procs": 4, "inference_batch_size": 2,
+                                             "inference_microbatch_size": 2, "train_batch_size": 1,
+                                             "train_minibatch_size": 1}, ["split evenly", "num_consumer_procs=4"]),
+    ("missing-model-path", lambda f: {"inference_model_config": {}}, ["inference_model_config['path']"]),
+    ("model-path-not-dir", lambda f: {"inference_model_config": {"path": "/nonexistent/model"}},
+     ["not a local model directory"]),
+    ("tokenizer-no-pad", lambda f: {"inference_model_config": {"path": f["nopad"]},
+                                    "train_model_config": {"path": f["nopad"]}}, ["pad token"]),
+    ("dataset-missing", lambda f: {"train_dataset_config": {"path": _p(f, "nope.jsonl")}}, ["nope.jsonl"]),
+    ("dataset-empty", lambda f: {"train_dataset_config": {"path": _p(f, "empty.jsonl")}}, ["empty.jsonl"]),
+    ("dataset-malformed", lambda f: {"train_dataset_config": {"path": _p(f, "broken.jsonl")}}, ["broken.jsonl"]),
+    ("dataset-no-messages", lambda f: {"train_dataset_config": {"path": _p(f, "nomessages.jsonl")}},
+     ["messages"]),
+    ("csv-no-prompt-column", lambda f: {"train_dataset_config": {"path": _p(f, "noprompt.csv")}}, ["prompt"]),
+    ("dataset-unknown-extension", lambda f: {"train_dataset_config": {"path": _p(f, "prompts.txt")}},
+     ["prompts.txt"]),
+    ("dataset-config-missing", lambda f: {"train_dataset_config": {}}, ["train_dataset_config"]),
+    ("dataset-too-small", lambda f: {"inference_batch_size": 16, "inference_microbatch_size": 16,
+                                     "train_batch_size": 16, "train_minibatch_size": 16},
+     ["fewer than one weight version"]),
+    ("unknown-algo", lambda f: {"core_algo": "TRPO"}, ["core_algo", "GRPO"]),
+    ("algo-disagrees", lambda f: {"grpo_config": {"algo": "DAPO"}}, ["disagrees"]),
+    ("grpo-one-generation", lambda f: {"num_generations": 1}, ["num_generations must be >= 2", "PPO"]),
+    ("unknown-backend", lambda f: {"inference_backend": "sglang"}, ["inference_backend", "vllm"]),
+    ("unknown-plugin", lambda f: {"plugin_config": {"plugin": "fsdp"}}, ["plugin", "ddp"]),
+    ("cuda-plugin-on-cpu", lambda f: {"plugin_config": {"plugin": "gemini"}}, ["gemini"]),
+    ("zero-stage-on-cpu", lambda f: {"plugin_config": {"zero_stage": 2}}, ["plugin_config"]),
+    ("negative-lr", lambda f: {"grpo_config": {"lr": -1.0}}, ["lr", "> 0"]),
+    ("unknown-grpo-key", lambda f: {"grpo_config": {"learning_rate": 1e-3}}, ["learning_rate"]),
+    ("unknown-reward", lambda f: {"grpo_config": {"reward_fn_type": "vibes"}}, ["vibes"]),
+    ("bad-loss-variation", lambda f: {"grpo_config": {"loss_variation": "seq"}}, ["loss_variation"]),
+    ("bad-temperature", lambda f: {"generate_config": {"temperature": 0}}, ["temperature"]),
+    ("bad-top-p", lambda f: {"generate_config": {"top_p": 1.5}}, ["top_p"]),
+    ("unknown-generate-key", lambda f: {"generate_config": {"max_newtokens": 8}}, ["max_newtokens"]),
+    ("negative-n-behind", lambda f: {"n_behind": -1}, ["n_behind"]),
+    ("bad-failure-policy", lambda f: {"on_producer_failure": "ignore"}, ["on_producer_failure"]),
+    ("config-not-dict", lambda f: {"grpo_config": ["lr", 1]}, ["grpo_config must be a dict"]),
+    ("critic-without-ppo", lambda f: {"critic_model_config": {"path": f["model"]}}, ["critic_model_config"]),
+    ("tensor-parallel-producer-on-cpu", lambda f: {"num_proc_per_producer": 2}, ["num_proc_per_producer"]),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case,overrides,words", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_raises_clear_error(files, case, overrides, words):
+    with pytest.raises(ConfigError) as err:
+        build_run_config(**good(files, **overrides(files)))
+    message = str(err.value)
+    for w in words:
+        assert w in message, f"{case}: {w!r} not in {message!r}"
+
+
+def test_all_errors_reported_together(files):
+    with pytest.raises(ConfigError) as err:
+        build_run_config(**good(files, num_producers=0, core_algo="TRPO", inference_backend="x"))
+    assert str(err.value).count("\n  - ") >= 3
+
+
+def test_validation_starts_no_actor(files):
+    import ray
+
+    was = ray.is_initialized()
+    with pytest.raises(ConfigError):
+        build_run_config(**good(files, num_producers=0))
+    assert ray.is_initialized() == was
+
+
+def test_ppo_allows_one_generation_and_gets_a_critic(files):
+    cfg = build_run_config(**good(files, core_algo="PPO", num_generations=1,
+                                  train_batch_size=2, train_minibatch_size=2))
+    assert cfg.critic_model_path == str(Path(files["model"]))
+    assert cfg.algo["kl_coef"] > 0

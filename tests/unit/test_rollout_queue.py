@@ -1,0 +1,102 @@
+"""RolloutQueue: backpressure, timeouts, staleness, conservation, task board (state and the real Ray actor)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from coati_relay.rollout_queue import QueueClosed, QueueEntry, RolloutQueueState, make_rollout_queue
+
+
+def _conserved(c):
+    return c["produced"] == c["consumed"] + c["dropped"] + c["in_flight"]
+
+
+def test_state_fifo_and_counters():
+    q = RolloutQueueState(maxsize=3)
+    for v in range(3):
+        q.put(QueueEntry(payload=v, version=0, size=2))
+    assert q.full()
+    out = q.pop(2)
+    assert [e.payload for e in out] == [0, 1]
+    c = q.counters()
+    assert (c["produced"], c["consumed"], c["in_flight"], c["consumed_samples"]) == (3, 2, 1, 4)
+    assert _conserved(c)
+
+
+def test_state_staleness_drops_old_versions():
+    q = RolloutQueueState(staleness=1)
+    for v in (0, 1, 2, 3):
+        q.put(QueueEntry(payload=v, version=v))
+    assert q.drop_stale(consumer_version=3) == 2  # versions 0 and 1 are older than 3 - 1
+    assert [e.version for e in q.entries] == [2, 3]
+    assert _conserved(q.counters())
+
+
+def test_state_no_staleness_bound_keeps_everything():
+    q = RolloutQueueState(staleness=None)
+    q.put(QueueEntry(payload=0, version=0))
+    assert q.drop_stale(consumer_version=100) == 0
+
+
+def test_state_negative_staleness_rejected():
+    with pytest.raises(ValueError, match="staleness"):
+        RolloutQueueState(staleness=-1)
+
+
+def test_task_board_hands_out_each_task_once_and_requeues_on_death():
+    q = RolloutQueueState(total_tasks=4)
+    assert [q.claim_task("p0"), q.claim_task("p1"), q.claim_task("p0")] == [0, 1, 2]
+    q.put(QueueEntry(payload="x", version=0, producer="p0", task=0))
+    # p0 dies: its queued entry (task 0, whose object died with it) and its claimed task 2 come back.
+    assert q.producer_died("p0") == [0, 2]
+    c = q.counters()
+    assert c["dropped"] == 1 and _conserved(c)
+    assert [q.claim_task("p1"), q.claim_task("p1"), q.claim_task("p1")] == [0, 2, 3]
+    assert q.claim_task("p1") == -1  # tasks still in flight: ask again later
+    with pytest.raises(QueueClosed):
+        q.claim_task("p0")
+
+
+def test_task_board_empty_returns_none():
+    q = RolloutQueueState(total_tasks=1)
+    assert q.claim_task("p") == 0
+    q.put(QueueEntry(payload=0, version=0, producer="p", task=0))
+    assert q.claim_task("p") is None
+
+
+@pytest.mark.slow
+def test_actor_backpressure_timeout_and_conservation(ray_cluster):
+    ray = ray_cluster
+    q = make_rollout_queue(maxsize=2, staleness=0)
+    refs = [ray.put(i) for i in range(3)]
+    ray.get([q.put.remote([refs[0]], 0, timeout_s=5), q.put.remote([refs[1]], 0, timeout_s=5)])
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="put"):
+        ray.get(q.put.remote([refs[2]], 0, timeout_s=0.5), timeout=30)
+    assert 0.4 < time.monotonic() - t0 < 10
+    blocked = q.put.remote([refs[2]], 0, timeout_s=20)  # waits for space
+    ready, _ = ray.wait([blocked], timeout=0.5)
+    assert not ready, "put on a full queue must block"
+    entries = ray.get(q.get.remote(1, timeout_s=5, consumer_version=0), timeout=30)
+    assert ray.get(entries[0].payload[0]) == 0  # payloads travel as references
+    ray.get(blocked, timeout=30)
+    with pytest.raises(TimeoutError, match="get"):
+        ray.get(q.get.remote(3, timeout_s=0.5), timeout=30)
+    c = ray.get(q.counters.remote())
+    assert (c["produced"], c["consumed"], c["in_flight"]) == (3, 1, 2) and _conserved(c)
+
+
+@pytest.mark.slow
+def test_actor_staleness_and_close(ray_cluster):
+    ray = ray_cluster
+    q = make_rollout_queue(staleness=0)
+    ray.get([q.put.remote([ray.put(v)], v, timeout_s=5) for v in (0, 1)])
+    entries = ray.get(q.get.remote(1, timeout_s=5, consumer_version=1), timeout=30)
+    assert [e.version for e in entries] == [1]
+    c = ray.get(q.counters.remote())
+    assert c["dropped"] == 1 and _conserved(c)
+    waiting = q.get.remote(1, timeout_s=30)
+    ray.get(q.close.remote("run failed: producer-0 died"))
+    with pytest.raises(QueueClosed, match="producer-0 died"):
+        ray.get(waiting, timeout=10)
