@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -103,10 +104,11 @@ def run(cfg: RunConfig) -> RunResult:
     store = make_weight_store()
     consumer_cls = ray.remote(ConsumerWorker)
     producer_cls = ray.remote(ProducerWorker)
-    consumers = [consumer_cls.options(name=None, **opts["consumer"]).remote(r, cfg, queue, store)
+    prefix = f"coati-relay/{cfg.project_name}/{uuid.uuid4().hex[:8]}"  # named, so users can find them in Ray
+    consumers = [consumer_cls.options(name=f"{prefix}/consumer-{r}", **opts["consumer"]).remote(r, cfg, queue, store)
                  for r in range(cfg.num_consumers)]
-    producers = [producer_cls.options(**opts["producer"]).remote(i, cfg, queue, store, start_round)
-                 for i in range(cfg.num_producers)]
+    producers = [producer_cls.options(name=f"{prefix}/producer-{i}", **opts["producer"])
+                 .remote(i, cfg, queue, store, start_round) for i in range(cfg.num_producers)]
     names = {**{c: f"consumer-{r}" for r, c in enumerate(consumers)},
              **{p: f"producer-{i}" for i, p in enumerate(producers)}}
     supervisor = _Supervisor(cfg, queue, names)

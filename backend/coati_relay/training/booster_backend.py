@@ -1,0 +1,286 @@
+"""The `TrainingBackend` seam: a model, its optimizer and LR schedule, boosted by a ColossalAI Booster plugin.
+
+On CPU the optimizer is ``torch.optim.AdamW``; on CUDA, ColossalAI's ``HybridAdam``. Where colossalai is not
+installed, plain torch does the same job (DDP when the process group has more than one rank).
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any, Dict, Iterable, Optional, Tuple, Union
+
+import torch
+import torch.nn as nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from .distributed import ensure_single_process_group
+from .plugins import build_plugin, resolve_plugin
+
+logger = logging.getLogger(__name__)
+
+MODEL_FILE, OPTIMIZER_FILE, SCHEDULER_FILE = "model.pt", "optimizer.pt", "lr_scheduler.pt"
+_LORA_KEYS = {"r", "alpha", "target_modules", "dropout"}
+
+
+def load_causal_lm(path: Union[str, os.PathLike], dtype: torch.dtype = torch.float32,
+                   lora: Optional[Dict[str, Any]] = None) -> nn.Module:
+    """``AutoModelForCausalLM`` from a local directory, in ``dtype`` (float32 to train).
+
+    lora: ``{"r": 8, "alpha": 16, "target_modules": [...], "dropout": 0.0}`` wraps the model with peft LoRA, so
+    that only the adapters train (``target_modules`` None: peft's default for the architecture).
+    """
+    from transformers import AutoModelForCausalLM
+
+    if not (Path(path) / "config.json").is_file():
+        raise ValueError(f"load_causal_lm: {path} holds no config.json; pass a local model directory "
+                         "(nothing is downloaded)")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    if lora is None:
+        return model
+    if not isinstance(lora, dict) or set(lora) - _LORA_KEYS or "r" not in lora:
+        raise ValueError(f"load_causal_lm: lora must be a dict with 'r' and optionally {sorted(_LORA_KEYS - {'r'})}, "
+                         f"got {lora!r}")
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=int(lora["r"]), lora_alpha=lora.get("alpha", 2 * int(lora["r"])),
+                        target_modules=lora.get("target_modules"), lora_dropout=lora.get("dropout", 0.0),
+                        task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+class WarmupSchedule:
+    """LR factor per step: linear warmup to 1 over ``warmup_steps``, then constant or cosine down to
+    ``min_lr_ratio`` at ``total_steps``. A plain object so that `LambdaLR.state_dict` records its fields."""
+
+    def __init__(self, kind: str, warmup_steps: int, total_steps: Optional[int], min_lr_ratio: float) -> None:
+        self.kind, self.warmup_steps = kind, warmup_steps
+        self.total_steps, self.min_lr_ratio = total_steps, min_lr_ratio
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _check_args(lr: float, weight_decay: float, betas: Tuple[float, float], max_grad_norm: Optional[float],
+                scheduler: Optional[str], total_steps: Optional[int], warmup_steps: int, min_lr_ratio: float) -> None:
+    if not isinstance(lr, (int, float)) or not lr > 0:
+        raise ValueError(f"TrainingBackend: lr must be a positive number, got {lr!r}")
+    if weight_decay < 0:
+        raise ValueError(f"TrainingBackend: weight_decay must be >= 0, got {weight_decay}")
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        raise ValueError(f"TrainingBackend: betas must be two numbers in [0, 1), got {betas!r}")
+    if max_grad_norm is not None and not max_grad_norm > 0:
+        raise ValueError(f"TrainingBackend: max_grad_norm must be > 0 or None, got {max_grad_norm}")
+    if scheduler not in (None, "constant", "cosine"):
+        raise ValueError(f"TrainingBackend: scheduler must be None, 'constant' or 'cosine', got {scheduler!r}")
+    if warmup_steps < 0:
+        raise ValueError(f"TrainingBackend: warmup_steps must be >= 0, got {warmup_steps}")
+    if scheduler == "cosine" and (total_steps is None or total_steps <= warmup_steps):
+        raise ValueError(f"TrainingBackend: scheduler 'cosine' needs total_steps > warmup_steps ({warmup_steps}), "
+                         f"got total_steps={total_steps}")
+    if not 0 <= min_lr_ratio <= 1:
+        raise ValueError(f"TrainingBackend: min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
+
+
+def _colossalai_installed() -> bool:
+    return importlib.util.find_spec("colossalai") is not None
+
+
+def _is_transformers_model(module: nn.Module) -> bool:
+    from transformers import PreTrainedModel
+
+    base = module.get_base_model() if _is_peft(module) else module
+    return isinstance(base, PreTrainedModel)
+
+
+def _is_peft(module: nn.Module) -> bool:
+    return type(module).__module__.startswith("peft.") and hasattr(module, "get_base_model")
+
+
+def _merged_lora_state_dict(peft_model: nn.Module) -> Dict[str, torch.Tensor]:
+    """HF-named weights of a peft LoRA model with every adapter folded in: W = W_base + scale * B @ A."""
+    from peft.tuners.lora import LoraLayer
+
+    base = peft_model.get_base_model()
+    out = {k: v for k, v in base.state_dict().items() if ".lora_" not in k}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer):
+            key = f"{name}.base_layer.weight"
+            delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+            out[key] = out[key] + delta
+    return {k.replace(".base_layer.", "."): v for k, v in out.items()}
+
+
+class TrainingBackend:
+    """A boosted model and optimizer. One instance per model per consumer process.
+
+    Usage per optimizer step: ``backend.backward(loss)`` (any number of times), ``stats = backend.step()``,
+    ``backend.zero_grad()``. Gradients are averaged over the data-parallel group by the plugin.
+    """
+
+    def __init__(self, model: nn.Module, lr: float, plugin: str = "ddp",
+                 plugin_options: Optional[Dict[str, Any]] = None, weight_decay: float = 0.0,
+                 betas: Tuple[float, float] = (0.9, 0.999), max_grad_norm: Optional[float] = None,
+                 scheduler: Optional[str] = None, total_steps: Optional[int] = None, warmup_steps: int = 0,
+                 allow_cpu_fallback: bool = False, min_lr_ratio: float = 0.0) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"TrainingBackend: model must be an nn.Module, got {type(model).__name__}")
+        _check_args(lr, weight_decay, betas, max_grad_norm, scheduler, total_steps, warmup_steps, min_lr_ratio)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("TrainingBackend: the model has no parameter with requires_grad=True")
+        self.plugin_name, options = resolve_plugin(plugin, plugin_options, allow_cpu_fallback)
+        if self.plugin_name == "hybrid" and not _is_transformers_model(model):
+            raise ValueError(f"TrainingBackend: plugin 'hybrid' shards transformers models only (it has no policy "
+                             f"for {type(model).__name__}); use plugin 'ddp' for this model")
+        self.max_grad_norm = max_grad_norm
+        if max_grad_norm is not None and self.plugin_name != "ddp":
+            options.setdefault("max_norm", max_grad_norm)
+        self.cuda = torch.cuda.is_available()
+        ensure_single_process_group()
+        optimizer = self._make_optimizer(params, lr, betas, weight_decay)
+        schedule = None
+        if scheduler is not None:
+            schedule = LambdaLR(optimizer, WarmupSchedule(scheduler, warmup_steps, total_steps, min_lr_ratio))
+        if not _colossalai_installed():
+            logger.warning("colossalai is not installed: training with plain torch (DDP)")
+            self.booster = None
+            self.model = self._torch_wrap(model)
+            self.optimizer, self.scheduler = optimizer, schedule
+        else:
+            from colossalai.booster import Booster
+
+            self.booster = Booster(plugin=build_plugin(self.plugin_name, options))
+            self.model, self.optimizer, _, _, self.scheduler = self.booster.boost(
+                model, optimizer, lr_scheduler=schedule)
+        logger.info("TrainingBackend: plugin %s %s, %d trainable tensors, optimizer %s", self.plugin_name, options,
+                    len(params), type(optimizer).__name__)
+
+    def _make_optimizer(self, params: Iterable[nn.Parameter], lr: float, betas: Tuple[float, float],
+                        weight_decay: float) -> torch.optim.Optimizer:
+        if self.cuda and _colossalai_installed():
+            from colossalai.nn.optimizer import HybridAdam
+
+            return HybridAdam(params, lr=lr, betas=betas, weight_decay=weight_decay, adamw_mode=True)
+        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
+
+    def _torch_wrap(self, model: nn.Module) -> nn.Module:
+        import torch.distributed as dist
+
+        if self.cuda:
+            model = model.cuda()
+        if dist.get_world_size() > 1:
+            return nn.parallel.DistributedDataParallel(model)
+        return model
+
+    @property
+    def device(self) -> torch.device:
+        """Where the inputs of `model` must live."""
+        return next(self.unwrapped().parameters()).device
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.booster is None:
+            loss.backward()
+        else:
+            self.booster.backward(loss, self.optimizer)
+
+    def step(self) -> Dict[str, Optional[float]]:
+        """One optimizer step (after the gradient clip, when set) and one scheduler step.
+
+        Returns ``grad_norm`` (total L2 norm before clipping; None where the plugin does not report it) and ``lr``
+        (the learning rate this step used).
+        """
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        grad_norm: Optional[float] = None
+        measure_here = self.booster is None or self.plugin_name == "ddp"  # the others clip and measure in step()
+        if measure_here:
+            params = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+            if self.max_grad_norm is not None:
+                grad_norm = float(nn.utils.clip_grad_norm_(params, self.max_grad_norm))
+            elif params:
+                grad_norm = float(nn.utils.get_total_norm([p.grad for p in params]))
+        self.optimizer.step()
+        if not measure_here:
+            norm = self.optimizer.get_grad_norm()
+            grad_norm = None if norm is None else float(norm)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return {"grad_norm": grad_norm, "lr": lr}
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad()
+
+    def train(self) -> "TrainingBackend":
+        self.model.train()
+        return self
+
+    def eval(self) -> "TrainingBackend":
+        self.model.eval()
+        return self
+
+    def unwrapped(self) -> nn.Module:
+        """The model inside the plugin's wrappers (a peft model stays a peft model)."""
+        if self.booster is not None:
+            return self.model.unwrap(unwrap_peft=False)
+        return self.model.module if isinstance(self.model, nn.parallel.DistributedDataParallel) else self.model
+
+    def state_dict_for_inference(self) -> Dict[str, torch.Tensor]:
+        """A copy of the full weights under the HF model's own names (LoRA adapters folded in), CPU, contiguous.
+
+        A collective under gemini: call it on every rank.
+        """
+        if self.plugin_name == "gemini":
+            state = self.model.state_dict(only_rank_0=False)
+        else:
+            if hasattr(self.model, "_force_wait_all_gather"):
+                self.model._force_wait_all_gather()
+            module = self.unwrapped()
+            state = _merged_lora_state_dict(module) if _is_peft(module) else module.state_dict()
+        with torch.no_grad():
+            return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+
+    def save(self, directory: Union[str, os.PathLike]) -> Path:
+        """Writes ``model.pt``, ``optimizer.pt`` and ``lr_scheduler.pt`` (when there is a scheduler) into
+        ``directory``. Every rank must call it; rank 0 writes."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if self.booster is None:
+            import torch.distributed as dist
+
+            if dist.get_rank() == 0:
+                torch.save(self.unwrapped().state_dict(), directory / MODEL_FILE)
+                torch.save(self.optimizer.state_dict(), directory / OPTIMIZER_FILE)
+                if self.scheduler is not None:
+                    torch.save(self.scheduler.state_dict(), directory / SCHEDULER_FILE)
+            return directory
+        self.booster.save_model(self.model, str(directory / MODEL_FILE), shard=False)
+        self.booster.save_optimizer(self.optimizer, str(directory / OPTIMIZER_FILE), shard=False)
+        if self.scheduler is not None:
+            self.booster.save_lr_scheduler(self.scheduler, str(directory / SCHEDULER_FILE))
+        return directory
+
+    def load(self, directory: Union[str, os.PathLike]) -> None:
+        """Restores what `save` wrote: weights, optimizer state (moments, step) and the scheduler position."""
+        directory = Path(directory)
+        needed = [MODEL_FILE, OPTIMIZER_FILE] + ([SCHEDULER_FILE] if self.scheduler is not None else [])
+        missing = [name for name in needed if not (directory / name).is_file()]
+        if missing:
+            raise FileNotFoundError(f"TrainingBackend.load: {directory} lacks {missing}; "
+                                    "pass a directory written by TrainingBackend.save")
+        if self.booster is None:
+            self.unwrapped().load_state_dict(torch.load(directory / MODEL_FILE, map_location="cpu"))
+            self.optimizer.load_state_dict(torch.load(directory / OPTIMIZER_FILE, map_location="cpu"))
+            if self.scheduler is not None:
+                self.scheduler.load_state_dict(torch.load(directory / SCHEDULER_FILE))
+            return
+        self.booster.load_model(self.model, str(directory / MODEL_FILE))
+        self.booster.load_optimizer(self.optimizer, str(directory / OPTIMIZER_FILE))
+        if self.scheduler is not None:
+            self.booster.load_lr_scheduler(self.scheduler, str(directory / SCHEDULER_FILE))

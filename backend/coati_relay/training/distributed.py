@@ -1,0 +1,96 @@
+"""The torch.distributed process group that the consumers of one data-parallel group share.
+
+Each consumer is its own process (a Ray actor in the engine) and calls `init_process_group` once with its rank;
+gradients are then all-reduced over gloo (CPU) or NCCL (CUDA). This does what ``colossalai.launch`` does (process
+group, device of the local rank), except seeding, and adds a timeout to the rendezvous, which
+``colossalai.launch`` cannot take.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+_BACKENDS = ("gloo", "nccl")
+
+
+def free_port() -> int:
+    """A TCP port that is free on this host right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _accelerator_backend() -> str:
+    try:
+        from colossalai.accelerator import get_accelerator
+    except ImportError:
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return get_accelerator().communication_backend
+
+
+def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int,
+                       backend: Optional[str] = None, timeout_s: float = 300) -> None:
+    """Joins (or, for rank 0, creates) the default process group; a no-op when this process is already in it.
+
+    backend: "gloo" or "nccl"; None picks the accelerator's (gloo on CPU, NCCL on CUDA).
+    timeout_s: bound on the rendezvous and on every later collective.
+    """
+    for key, value in (("rank", rank), ("world_size", world_size), ("master_port", master_port)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"init_process_group: {key} must be an int, got {type(value).__name__}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"init_process_group: need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    if not 0 < master_port < 65536:
+        raise ValueError(f"init_process_group: master_port must be in 1..65535, got {master_port}")
+    if not isinstance(master_addr, str) or not master_addr:
+        raise ValueError(f"init_process_group: master_addr must be a host name or address, got {master_addr!r}")
+    if timeout_s <= 0:
+        raise ValueError(f"init_process_group: timeout_s must be > 0, got {timeout_s}")
+    backend = backend or _accelerator_backend()
+    if backend not in _BACKENDS:
+        raise ValueError(f"init_process_group: backend must be one of {_BACKENDS} or None, got {backend!r}")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ValueError("init_process_group: backend 'nccl' needs CUDA; use 'gloo' (or None) on this host")
+
+    if dist.is_initialized():
+        if dist.get_rank() != rank or dist.get_world_size() != world_size:
+            raise RuntimeError(f"init_process_group: this process is already rank {dist.get_rank()} of "
+                               f"{dist.get_world_size()}, cannot become rank {rank} of {world_size}")
+        return
+
+    local_rank = int(os.environ.get("LOCAL_RANK", rank % max(1, torch.cuda.device_count())))
+    # colossalai's DistCoordinator reads these.
+    os.environ.setdefault("LOCAL_RANK", str(local_rank))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR=master_addr,
+                      MASTER_PORT=str(master_port))
+    host = f"[{master_addr}]" if ":" in master_addr else master_addr
+    logger.info("joining process group tcp://%s:%d as rank %d of %d (%s)", host, master_port, rank, world_size,
+                backend)
+    dist.init_process_group(backend=backend, init_method=f"tcp://{host}:{master_port}", rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+
+
+def ensure_single_process_group(timeout_s: float = 60) -> None:
+    """A process group of one on localhost when none exists (DDP and the plugins need one)."""
+    if not dist.is_initialized():
+        init_process_group(0, 1, "127.0.0.1", free_port(), timeout_s=timeout_s)
+
+
+def barrier(timeout_s: float = 300) -> None:
+    """Waits for every rank, at most ``timeout_s`` on gloo; a no-op without a process group of more than one."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    if dist.get_backend() == "gloo":
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s))
+    else:
+        dist.barrier()

@@ -1,0 +1,156 @@
+"""The table of ColossalAI Booster plugins a consumer can train with, and the up-front validation of a choice.
+
+`resolve_plugin` is pure (it never imports colossalai), so the driver can reject a bad configuration before any
+actor starts. `build_plugin` makes the plugin instance inside the consumer, after the process group exists.
+
+On a host without CUDA, ColossalAI 0.5 trains with ``ddp`` (TorchDDPPlugin) and with ``hybrid``
+(HybridParallelPlugin) at ``tp_size = pp_size = 1``, ``zero_stage = 0`` and ``precision = "fp32"``; LowLevelZero,
+Gemini, tensor and pipeline parallelism need CUDA.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import warnings
+from typing import Any, Callable, Dict, NamedTuple, Optional, Set, Tuple
+
+logger = logging.getLogger(__name__)
+
+
+class PluginEntry(NamedTuple):
+    """factory: builds the plugin from keyword options (imports colossalai when called)."""
+
+    factory: Callable[..., Any]
+    needs_cuda: bool
+    defaults: Dict[str, Any]
+
+
+def _lazy(class_name: str) -> Callable[..., Any]:
+    def factory(**options: Any) -> Any:
+        module = importlib.import_module("colossalai.booster.plugin")
+        return getattr(module, class_name)(**options)
+
+    factory.__name__ = class_name
+    factory.__qualname__ = class_name
+    return factory
+
+
+PLUGINS: Dict[str, PluginEntry] = {
+    "ddp": PluginEntry(_lazy("TorchDDPPlugin"), False, {}),
+    "zero2": PluginEntry(_lazy("LowLevelZeroPlugin"), True, {"stage": 2, "precision": "bf16"}),
+    "gemini": PluginEntry(_lazy("GeminiPlugin"), True, {"precision": "bf16"}),
+    "hybrid": PluginEntry(_lazy("HybridParallelPlugin"), False,
+                          {"tp_size": 1, "pp_size": 1, "zero_stage": 0, "precision": "fp32"}),
+}
+
+# Keyword arguments each plugin's constructor accepts in colossalai 0.5 (a test checks them against the real ones).
+PLUGIN_OPTIONS: Dict[str, Set[str]] = {
+    "ddp": {"broadcast_buffers", "bucket_cap_mb", "find_unused_parameters", "check_reduction",
+            "gradient_as_bucket_view", "static_graph", "fp8_communication"},
+    "zero2": {"stage", "precision", "initial_scale", "min_scale", "growth_factor", "backoff_factor",
+              "growth_interval", "hysteresis", "max_scale", "max_norm", "norm_type", "reduce_bucket_size_in_m",
+              "communication_dtype", "overlap_communication", "overlap_allgather", "cpu_offload", "master_weights",
+              "verbose", "cast_inputs", "fp8_communication", "use_fp8", "extra_dp_size"},
+    "gemini": {"chunk_config_dict", "chunk_init_device", "placement_policy", "enable_gradient_accumulation",
+               "max_prefetch", "shard_param_frac", "offload_optim_frac", "offload_param_frac",
+               "warmup_non_model_data_ratio", "steady_cuda_cap_ratio", "precision", "master_weights", "pin_memory",
+               "force_outputs_fp32", "strict_ddp_mode", "search_range_m", "hidden_dim", "min_chunk_size_m",
+               "memstats", "gpu_margin_mem_ratio", "initial_scale", "min_scale", "growth_factor", "backoff_factor",
+               "growth_interval", "hysteresis", "max_scale", "max_norm", "norm_type", "tp_size", "extra_dp_size",
+               "enable_all_optimization", "enable_fused_normalization", "enable_flash_attention",
+               "enable_sequence_parallelism", "enable_jit_fused", "enable_async_reduce", "use_fp8", "verbose",
+               "fp8_communication"},
+    "hybrid": {"tp_size", "pp_size", "sp_size", "precision", "zero_stage", "enable_all_optimization",
+               "enable_fused_normalization", "enable_flash_attention", "enable_jit_fused",
+               "enable_sequence_parallelism", "sequence_parallelism_mode", "parallel_output", "num_microbatches",
+               "microbatch_size", "initial_scale", "min_scale", "growth_factor", "backoff_factor",
+               "growth_interval", "hysteresis", "max_scale", "max_norm", "broadcast_buffers", "ddp_bucket_cap_mb",
+               "find_unused_parameters", "check_reduction", "gradient_as_bucket_view", "static_graph",
+               "zero_bucket_size_in_m", "cpu_offload", "communication_dtype", "overlap_communication",
+               "custom_policy", "pp_style", "num_model_chunks", "scheduler_nodes", "num_layers_per_stage",
+               "gradient_checkpoint_config", "enable_metadata_cache", "make_vocab_size_divisible_by", "dp_outside",
+               "overlap_p2p", "overlap_allgather", "fp8_communication", "use_fp8", "inner_ring_size"},
+}
+
+_PRECISIONS = {"zero2": {"fp16", "bf16", "fp32"}, "gemini": {"fp16", "bf16"}, "hybrid": {"fp16", "bf16", "fp32"}}
+_CPU_PLUGINS_TEXT = "'ddp', or 'hybrid' with tp_size=1, pp_size=1, zero_stage=0, precision='fp32'"
+_HYBRID_CPU = {"tp_size": 1, "pp_size": 1, "zero_stage": 0, "precision": "fp32"}
+_FALLBACK_WARNED: Set[str] = set()
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _check_positive_int(name: str, key: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"plugin {name!r}: option {key} must be a positive int, got {value!r}")
+
+
+def _check_values(name: str, options: Dict[str, Any], cuda: bool) -> None:
+    """Raises ValueError on option values the plugin would reject, or that need CUDA on a host without it."""
+    for key in ("tp_size", "pp_size", "sp_size", "num_microbatches", "microbatch_size"):
+        if options.get(key) is not None:
+            _check_positive_int(name, key, options[key])
+    if "precision" in options and name in _PRECISIONS and options["precision"] not in _PRECISIONS[name]:
+        raise ValueError(f"plugin {name!r}: precision must be one of {sorted(_PRECISIONS[name])}, "
+                         f"got {options['precision']!r}")
+    if name == "zero2" and options.get("stage") not in (1, 2):
+        raise ValueError(f"plugin 'zero2': stage must be 1 or 2, got {options.get('stage')!r}")
+    if name == "hybrid":
+        if options.get("zero_stage") not in (0, 1, 2):
+            raise ValueError(f"plugin 'hybrid': zero_stage must be 0, 1 or 2, got {options.get('zero_stage')!r}")
+        if options["zero_stage"] > 0 and options.get("precision") == "fp32":
+            raise ValueError("plugin 'hybrid': zero_stage > 0 needs precision 'fp16' or 'bf16'")
+        if not cuda:
+            wrong = {k: options.get(k) for k, ok in _HYBRID_CPU.items() if options.get(k) != ok}
+            if options.get("sp_size") not in (None, 1):
+                wrong["sp_size"] = options["sp_size"]
+            if wrong:
+                raise ValueError(f"plugin 'hybrid' without CUDA supports only tp_size=1, pp_size=1, sp_size=1, "
+                                 f"zero_stage=0, precision='fp32'; got {wrong}. Use a CUDA host for these, "
+                                 f"or change the options")
+    if not cuda and options.get("fp8_communication"):
+        raise ValueError(f"plugin {name!r}: fp8_communication needs CUDA; remove it on this host")
+
+
+def resolve_plugin(name: str, options: Optional[Dict[str, Any]] = None, allow_cpu_fallback: bool = False,
+                   cuda_available: Optional[bool] = None) -> Tuple[str, Dict[str, Any]]:
+    """Validates a plugin choice and returns ``(name_used, options_used)`` (the defaults merged with ``options``).
+
+    A CUDA-only plugin on a host without CUDA is an error, unless ``allow_cpu_fallback``: then ``ddp`` is used
+    instead, with one warning per plugin name and process. Never imports colossalai.
+    """
+    if not isinstance(name, str) or name not in PLUGINS:
+        raise ValueError(f"unknown plugin {name!r}; choose one of {sorted(PLUGINS)}")
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(f"plugin options must be a dict or None, got {type(options).__name__}")
+    options = dict(options or {})
+    unknown = sorted(set(options) - PLUGIN_OPTIONS[name])
+    if unknown:
+        raise ValueError(f"plugin {name!r} has no options {unknown}; accepted: {sorted(PLUGIN_OPTIONS[name])}")
+    cuda = _cuda_available() if cuda_available is None else bool(cuda_available)
+    entry = PLUGINS[name]
+    if entry.needs_cuda and not cuda:
+        if not allow_cpu_fallback:
+            raise ValueError(f"plugin {name!r} needs CUDA, which this host lacks; plugins that work here: "
+                             f"{_CPU_PLUGINS_TEXT} (or allow the CPU fallback to use 'ddp')")
+        if name not in _FALLBACK_WARNED:
+            _FALLBACK_WARNED.add(name)
+            dropped = f"; its options {sorted(options)} are ignored" if options else ""
+            warnings.warn(f"plugin {name!r} needs CUDA, which this host lacks: training with 'ddp' "
+                          f"(TorchDDPPlugin) instead{dropped}", RuntimeWarning, stacklevel=2)
+        logger.info("plugin %r replaced by 'ddp' on a host without CUDA", name)
+        return "ddp", dict(PLUGINS["ddp"].defaults)
+    merged = {**entry.defaults, **options}
+    _check_values(name, merged, cuda)
+    return name, merged
+
+
+def build_plugin(name: str, options: Optional[Dict[str, Any]] = None) -> Any:
+    """A colossalai plugin instance for an already resolved ``(name, options)``; needs the process group."""
+    if name not in PLUGINS:
+        raise ValueError(f"unknown plugin {name!r}; choose one of {sorted(PLUGINS)}")
+    return PLUGINS[name].factory(**(options or {}))

@@ -1,0 +1,101 @@
+"""The plugin table and its up-front validation (pure: no colossalai, except the signature check)."""
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from coati_relay.training import plugins
+from coati_relay.training.plugins import PLUGIN_OPTIONS, PLUGINS, resolve_plugin
+
+
+@pytest.fixture(autouse=True)
+def fresh_warning_state(monkeypatch):
+    monkeypatch.setattr(plugins, "_FALLBACK_WARNED", set())
+
+
+def test_table_names():
+    assert set(PLUGINS) == {"ddp", "zero2", "gemini", "hybrid"}
+    assert [n for n, e in PLUGINS.items() if e.needs_cuda] == ["zero2", "gemini"]
+
+
+def test_unknown_name_lists_the_choices():
+    with pytest.raises(ValueError, match=r"unknown plugin 'zero3'.*'ddp'.*'gemini'.*'hybrid'.*'zero2'"):
+        resolve_plugin("zero3", cuda_available=False)
+
+
+@pytest.mark.parametrize("name", ["zero2", "gemini"])
+def test_cuda_only_plugin_on_cpu_names_what_works(name):
+    with pytest.raises(ValueError, match=rf"{name}.*needs CUDA.*'ddp'.*'hybrid' with tp_size=1"):
+        resolve_plugin(name, cuda_available=False)
+
+
+def test_cpu_fallback_warns_once_and_uses_ddp():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = resolve_plugin("zero2", {"stage": 2}, allow_cpu_fallback=True, cuda_available=False)
+        second = resolve_plugin("zero2", None, allow_cpu_fallback=True, cuda_available=False)
+    assert first == second == ("ddp", {})
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1, messages
+    assert "'zero2' needs CUDA" in messages[0] and "'ddp'" in messages[0] and "['stage']" in messages[0]
+
+
+def test_cuda_plugins_resolve_with_defaults_on_cuda_hosts():
+    assert resolve_plugin("zero2", cuda_available=True) == ("zero2", {"stage": 2, "precision": "bf16"})
+    name, options = resolve_plugin("hybrid", {"tp_size": 2, "precision": "bf16", "zero_stage": 1},
+                                   cuda_available=True)
+    assert name == "hybrid" and options == {"tp_size": 2, "pp_size": 1, "zero_stage": 1, "precision": "bf16"}
+
+
+def test_hybrid_defaults_work_on_cpu():
+    assert resolve_plugin("hybrid", cuda_available=False) == (
+        "hybrid", {"tp_size": 1, "pp_size": 1, "zero_stage": 0, "precision": "fp32"})
+    assert resolve_plugin("ddp", {"bucket_cap_mb": 5}, cuda_available=False) == ("ddp", {"bucket_cap_mb": 5})
+
+
+@pytest.mark.parametrize("name, options, match", [
+    ("ddp", {"stage": 2}, r"no options \['stage'\]"),
+    ("hybrid", {"tp_size": 2}, r"without CUDA.*'tp_size': 2"),
+    ("hybrid", {"pp_size": 2}, r"without CUDA.*'pp_size': 2"),
+    ("hybrid", {"zero_stage": 1, "precision": "bf16"}, r"without CUDA"),
+    ("hybrid", {"zero_stage": 2}, r"zero_stage > 0 needs precision"),
+    ("hybrid", {"tp_size": 0}, r"tp_size must be a positive int"),
+    ("hybrid", {"precision": "fp8"}, r"precision must be one of"),
+    ("ddp", {"fp8_communication": True}, r"fp8_communication needs CUDA"),
+])
+def test_bad_options_on_cpu(name, options, match):
+    with pytest.raises(ValueError, match=match):
+        resolve_plugin(name, options, cuda_available=False)
+
+
+def test_bad_options_on_cuda():
+    with pytest.raises(ValueError, match="stage must be 1 or 2"):
+        resolve_plugin("zero2", {"stage": 3}, cuda_available=True)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        resolve_plugin("gemini", {"precision": "fp32"}, cuda_available=True)
+    with pytest.raises(TypeError, match="must be a dict"):
+        resolve_plugin("ddp", ["stage"], cuda_available=True)
+
+
+def test_import_does_not_load_colossalai():
+    code = ("import sys, coati_relay.training.plugins as p; p.resolve_plugin('hybrid'); "
+            "assert 'colossalai' not in sys.modules, 'colossalai imported'")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env=env)
+
+
+@pytest.mark.slow
+def test_option_names_match_colossalai_signatures():
+    from colossalai.booster import plugin as cp
+
+    classes = {"ddp": cp.TorchDDPPlugin, "zero2": cp.LowLevelZeroPlugin, "gemini": cp.GeminiPlugin,
+               "hybrid": cp.HybridParallelPlugin}
+    for name, cls in classes.items():
+        accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
+        assert PLUGIN_OPTIONS[name] == accepted, name
+        assert PLUGINS[name].factory.__name__ == cls.__name__
