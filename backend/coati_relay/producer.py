@@ -72,13 +72,13 @@ class ProducerWorker:
 
     # -- weights ---------------------------------------------------------------------------------------------
     def _load_version(self, min_version: int, timeout_s: float) -> None:
-        t0 = time.perf_counter()
         version, tensors = self.subscriber.fetch(min_version, timeout_s=timeout_s)
+        t0 = time.perf_counter()
         self.backend.load_weights(version, tensors)
-        self.last_load_s = time.perf_counter() - t0
+        self.last_load_s = self.subscriber.last_transfer_s + time.perf_counter() - t0  # waiting not counted
         self.stats["weight_load_s"] += self.last_load_s
         self.stats["weight_loads"] += 1
-        log.debug("%s loaded weights v%d in %.3fs", self.name, version, time.perf_counter() - t0)
+        log.debug("%s loaded weights v%d in %.3fs", self.name, version, self.last_load_s)
 
     def _latest_version(self) -> Optional[int]:
         return _call(self.store.latest_version, timeout_s=30)

@@ -156,13 +156,17 @@ class WeightSubscriber:
     def __init__(self, store, base_weights: Optional[Dict[str, torch.Tensor]] = None):
         self.store = store
         self.base_weights = base_weights  # needed for LoRA-only sync
+        self.last_wait_s = self.last_transfer_s = 0.0  # of the latest fetch: waiting for a version, moving bytes
 
     def fetch(self, min_version: int, timeout_s: float = 300.0) -> Tuple[int, Dict[str, torch.Tensor]]:
         """Blocks (at most ``timeout_s``) for a version ``>= min_version``; returns (version, tensors)."""
         import ray
 
+        t0 = time.perf_counter()
         pub: PublishedWeights = ray.get(self.store.wait_for.remote(min_version, timeout_s), timeout=timeout_s + 30)
+        t1 = time.perf_counter()
         buffers, meta, adapters = ray.get(pub.payload[0], timeout=timeout_s)
+        self.last_wait_s, self.last_transfer_s = t1 - t0, time.perf_counter() - t1
         if pub.kind == "full":
             return pub.version, unflatten_state_dict(buffers, meta)
         if self.base_weights is None:
