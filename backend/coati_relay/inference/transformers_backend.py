@@ -1,0 +1,117 @@
+"""`InferenceBackend` on transformers `generate`: the fallback where vLLM is missing, and the legacy maker's sampler.
+
+Behaviour log-probs are those of the distribution actually sampled from: ``generate`` runs with
+``output_scores=True``, whose scores are the logits after the temperature, top-k and top-p processors, and each
+sampled token gets ``log_softmax(score)``. With top-k/top-p that is the renormalised truncated distribution (tokens
+outside it have probability 0), as vLLM reports in ``processed_logprobs`` mode; recomputing with
+`coati_relay.logprobs.response_logprobs` (which applies temperature only) matches exactly when top-k and top-p are
+off. Greedy decoding (temperature 0) reports the log-probs of the untempered distribution.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from coati_relay.inference.base import SamplingConfig
+from coati_relay.inference.rollout_building import (
+    SeedSequence, build_rollout, check_info, check_prompts, check_sampling, check_weight_update, checkpoint_eos_ids,
+    pad_id_of, pad_prompts, resolve_tokenizer, stop_token_ids,
+)
+from coati_relay.rollout import Rollout
+
+logger = logging.getLogger(__name__)
+
+
+class TransformersBackend:
+    """Generates with a transformers causal LM held in this process.
+
+    model_path: a local HF checkpoint; sampling: the `SamplingConfig` (may be replaced between calls through
+    ``backend.sampling``); tokenizer: an object, a path, or None for the checkpoint's own; seed: seeds the stream of
+    per-call seeds used when ``sampling.seed`` is None (with ``sampling.seed`` set, every call uses that seed).
+    The checkpoint's ``generation_config.json`` is not used: sampling follows ``sampling`` alone.
+    """
+
+    def __init__(self, model_path: str, sampling: SamplingConfig, tokenizer=None, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32, seed: int = 0):
+        from transformers import AutoModelForCausalLM, GenerationConfig
+
+        self.sampling = sampling
+        self.device = torch.device(device)
+        self.tokenizer = resolve_tokenizer(tokenizer, model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device).eval()
+        self._eos_ids = checkpoint_eos_ids(model_path, self.tokenizer, self.model.config)
+        self.pad_token_id = pad_id_of(self.tokenizer, self._eos_ids)
+        self.eos_token_id: Optional[int] = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None \
+            else (self._eos_ids[0] if self._eos_ids else None)
+        # A neutral generation config, so that no checkpoint default (repetition penalty, top-k, ...) leaks in.
+        self.model.generation_config = GenerationConfig(pad_token_id=self.pad_token_id,
+                                                        eos_token_id=self._eos_ids or None)
+        self._params = self.model.state_dict(keep_vars=True)
+        self._shapes = {k: v.shape for k, v in self._params.items()}
+        self._vocab_size = self.model.get_input_embeddings().num_embeddings
+        self._max_positions = getattr(self.model.config, "max_position_embeddings", None)
+        self._seeds = SeedSequence(seed)
+        self.weight_version = 0
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return self._sampling
+
+    @sampling.setter
+    def sampling(self, value: SamplingConfig) -> None:
+        self._sampling = check_sampling(value)
+
+    def _generation_config(self, stop_ids: List[int]):
+        from transformers import GenerationConfig
+
+        s = self.sampling
+        common = dict(max_new_tokens=s.max_new_tokens, min_new_tokens=0, pad_token_id=self.pad_token_id,
+                      eos_token_id=stop_ids or None, output_scores=True, return_dict_in_generate=True,
+                      repetition_penalty=1.0, num_return_sequences=1)
+        if s.temperature == 0:
+            return GenerationConfig(do_sample=False, **common)
+        return GenerationConfig(do_sample=True, temperature=s.temperature, top_k=max(s.top_k, 0), top_p=s.top_p,
+                                **common)
+
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, info: Optional[Dict[str, list]] = None) -> Rollout:
+        """Samples ``n`` responses per prompt. Rows are prompt-major; R is the longest response of this call."""
+        if self.model is None:
+            raise RuntimeError("TransformersBackend.generate: the backend was closed; build a new one")
+        s = self.sampling
+        max_prompt = self._max_positions - s.max_new_tokens if self._max_positions else None
+        prompts = check_prompts(prompts, n, self._vocab_size, max_prompt)
+        info = check_info(info, len(prompts))
+        stop_ids = stop_token_ids(s, self._eos_ids)
+        prompt_ids, prompt_mask = pad_prompts(prompts, self.pad_token_id)
+        input_ids = prompt_ids.repeat_interleave(n, dim=0).to(self.device)
+        attention_mask = prompt_mask.repeat_interleave(n, dim=0).to(self.device)
+        fork_devices = [self.device] if self.device.type == "cuda" else []
+        with torch.no_grad(), torch.random.fork_rng(devices=fork_devices):
+            torch.manual_seed(self._seeds.next(s))
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                      generation_config=self._generation_config(stop_ids))
+        response_ids = out.sequences[:, input_ids.size(1):]
+        # One [N, V] score per step: gather step by step instead of materialising [N, R, V].
+        logprobs = torch.stack([torch.log_softmax(score.float(), dim=-1).gather(1, response_ids[:, t, None])[:, 0]
+                                for t, score in enumerate(out.scores)], dim=1)
+        lengths = torch.full((response_ids.size(0),), response_ids.size(1), dtype=torch.long)
+        return build_rollout(prompt_ids, prompt_mask, n, response_ids.cpu(), logprobs.cpu(), lengths, stop_ids,
+                             self.pad_token_id, self.weight_version, info)
+
+    def load_weights(self, version: int, tensors: Dict[str, torch.Tensor]) -> None:
+        """Copies the named weights (HF names, any subset) into the model and records ``version``."""
+        if self.model is None:
+            raise RuntimeError("TransformersBackend.load_weights: the backend was closed; build a new one")
+        check_weight_update(tensors, self._shapes, version, type(self).__name__)
+        with torch.no_grad():
+            for name, t in tensors.items():
+                self._params[name].copy_(t)
+        self.weight_version = version
+        logger.debug("loaded %d tensors as weight version %d", len(tensors), version)
+
+    def close(self) -> None:
+        """Drops the model; the backend cannot generate afterwards."""
+        self.model = None
+        self._params = {}

