@@ -1,0 +1,137 @@
+"""Legacy ``coati.models.base``: the ``Actor``, ``Critic`` and ``RewardModel`` wrappers, with the semantics of the
+reference version (ColossalAI ``b5f056636``):
+
+- ``Actor.forward(sequences, num_actions, attention_mask)`` returns the log-probs of the last ``num_actions``
+  tokens; without ``num_actions`` it returns the Hugging Face output. ``Actor.model`` is the HF causal LM.
+- ``Critic.forward(sequences, action_mask, attention_mask)`` returns one value per sequence, [B]: with
+  ``use_action_mask`` (set by ``get_critic_from_args``) and an action mask, the mean of the value head over the
+  *prompt* tokens (masked by ``attention_mask``); otherwise the mean over every position but the last. The final
+  legacy version read the value at the last non-pad token instead; the shim keeps the reference version, which
+  the Ray trainer and maker of that version were written against.
+- ``RewardModel.forward(sequences, attention_mask)``: the mean of the value head over every position but the
+  last, [B].
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import torch
+from torch import nn
+
+from coati_compat.deprecations import deprecated_api
+from coati_compat.legacy.lora import LoRAModule
+from coati_compat.legacy.rl_functions import action_log_probs
+
+def _check_sequences(sequences: Any, attention_mask: Optional[torch.Tensor]) -> None:
+    if not isinstance(sequences, torch.Tensor) or sequences.dim() != 2:
+        raise ValueError(f"sequences must be a LongTensor [B,S], got "
+                         f"{tuple(sequences.shape) if isinstance(sequences, torch.Tensor) else type(sequences)}")
+    if attention_mask is not None and attention_mask.shape != sequences.shape:
+        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must match sequences "
+                         f"{tuple(sequences.shape)}")
+
+
+@deprecated_api("coati.models.Actor")
+class Actor(LoRAModule):
+    """Wraps a Hugging Face causal LM (``self.model``) as the policy."""
+
+    def __init__(self, model: nn.Module, lora_rank: int = 0, lora_train_bias: str = "none") -> None:
+        super().__init__(lora_rank=lora_rank, lora_train_bias=lora_train_bias)
+        self.model = model
+        self.convert_to_lora()
+
+    def forward(self, sequences: torch.LongTensor, num_actions: Optional[int] = None,
+                attention_mask: Optional[torch.Tensor] = None, **model_kwargs: Any) -> Any:
+        """sequences, attention_mask: [B,S]. With num_actions: log-probs [B,num_actions] of the last num_actions
+        tokens; without: the model's output (``logits`` [B,S,V])."""
+        _check_sequences(sequences, attention_mask)
+        output = self.model(input_ids=sequences, attention_mask=attention_mask, **model_kwargs)
+        if num_actions is None:
+            return output
+        return action_log_probs(output["logits"], sequences, num_actions)
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, return_action_mask: bool = True, **kwargs: Any
+                 ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """Samples with the legacy loop (``coati.models.generation.generate``).
+
+        input_ids: [B,P] left-padded prompts. Returns ``(sequences [B,S], attention_mask [B,S] or None,
+        action_mask [B,S-P] or None)``: the attention mask is ``sequences != pad_token_id`` (None without a pad
+        id); the action mask is True up to and including the first EOS of the generated span.
+        """
+        from coati_compat.legacy.generation import action_mask_after_prompt, generate
+
+        sequences = generate(self.model, input_ids, **kwargs)
+        pad_token_id = kwargs.get("pad_token_id")
+        attention_mask = None if pad_token_id is None else sequences.ne(pad_token_id).long()
+        if not return_action_mask:
+            return sequences, attention_mask, None
+        action_mask = action_mask_after_prompt(sequences, input_ids.size(1), kwargs.get("eos_token_id"))
+        return sequences, attention_mask, action_mask
+
+    def get_base_model(self) -> nn.Module:
+        return self.model
+
+
+def _value_head(hidden_size: int, std: Optional[float] = None) -> nn.Linear:
+    head = nn.Linear(hidden_size, 1)
+    if std is not None:
+        nn.init.normal_(head.weight, mean=0.0, std=std)
+        nn.init.zeros_(head.bias)
+    return head
+
+
+def _last_hidden_state(model: nn.Module, sequences: torch.Tensor,
+                       attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """[B,S,H] from a transformer body that returns ``last_hidden_state``."""
+    return model(input_ids=sequences, attention_mask=attention_mask)["last_hidden_state"]
+
+
+@deprecated_api("coati.models.Critic")
+class Critic(LoRAModule):
+    """A transformer body (``self.model``, returning ``last_hidden_state``) with a scalar ``value_head``."""
+
+    def __init__(self, model: nn.Module, value_head: nn.Module, lora_rank: int = 0, lora_train_bias: str = "none",
+                 use_action_mask: bool = False) -> None:
+        super().__init__(lora_rank=lora_rank, lora_train_bias=lora_train_bias)
+        self.model = model
+        self.value_head = value_head
+        self.use_action_mask = use_action_mask
+        self.convert_to_lora()
+
+    def forward(self, sequences: torch.LongTensor, action_mask: Optional[torch.Tensor] = None,
+                attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """sequences, attention_mask: [B,S]; action_mask: [B,A]. Returns values [B] (see the module docstring)."""
+        _check_sequences(sequences, attention_mask)
+        values = self.value_head(_last_hidden_state(self.model, sequences, attention_mask)).squeeze(-1)  # [B,S]
+        if action_mask is not None and self.use_action_mask:
+            num_actions = action_mask.size(1)
+            if not 0 < num_actions < sequences.size(1):
+                raise ValueError(f"action_mask covers {num_actions} tokens of sequences of length "
+                                 f"{sequences.size(1)}; it must leave at least one prompt token")
+            prompt_mask = (torch.ones_like(values) if attention_mask is None else attention_mask.to(values.dtype))
+            prompt_mask = prompt_mask[:, :-num_actions]
+            prompt_values = values[:, :-num_actions]
+            return (prompt_values * prompt_mask).sum(dim=1) / (prompt_mask.sum(dim=1) + 1e-8)
+        return values[:, :-1].mean(dim=1)
+
+
+@deprecated_api("coati.models.RewardModel")
+class RewardModel(LoRAModule):
+    """A transformer body with a scalar ``value_head`` scoring whole sequences."""
+
+    def __init__(self, model: nn.Module, value_head: Optional[nn.Module] = None, lora_rank: int = 0,
+                 lora_train_bias: str = "none") -> None:
+        super().__init__(lora_rank=lora_rank, lora_train_bias=lora_train_bias)
+        self.model = model
+        self.convert_to_lora()
+        if value_head is None:
+            hidden = getattr(model.config, "word_embed_proj_dim", None) or model.config.hidden_size
+            value_head = _value_head(hidden)
+        self.value_head = value_head
+
+    def forward(self, sequences: torch.LongTensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """sequences, attention_mask: [B,S]. Returns rewards [B]."""
+        _check_sequences(sequences, attention_mask)
+        values = self.value_head(_last_hidden_state(self.model, sequences, attention_mask)).squeeze(-1)  # [B,S]
+        return values[:, :-1].mean(dim=1)

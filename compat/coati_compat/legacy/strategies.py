@@ -1,0 +1,329 @@
+"""Legacy ``coati.trainer.strategies``: ``NaiveStrategy``, ``DDPStrategy``, ``LowLevelZeroStrategy`` and
+``GeminiStrategy`` with the legacy method surface, on the engine's ColossalAI plugin table
+(``coati_relay.training.plugins``): ddp -> ``"ddp"``, LowLevelZero -> ``"zero2"``, Gemini -> ``"gemini"``.
+
+Without CUDA, LowLevelZero and Gemini train with ``"ddp"`` (one RuntimeWarning per plugin) and process groups use
+gloo. ``unwrap_model`` follows the reference version: the Hugging Face model for an ``Actor``, the ``Critic``
+wrapper for a critic, so that pushed state-dict keys are HF keys (actor) and ``Critic`` keys (critic).
+Deviations from the legacy code: ``save_model(model, path, only_rank0=False)`` (the final version read the third
+argument as ``shard``); LowLevelZero's state-dict shards use the generic path (the legacy one called a method that
+does not exist); a module without trainable parameters is not wrapped (DDP rejects it).
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import random
+import sys
+from abc import ABC
+from collections import OrderedDict
+from typing import Any, ContextManager, Dict, Iterator, List, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from coati_compat.deprecations import deprecated_api
+from coati_compat.legacy.model_base import Actor
+from coati_relay.training.plugins import build_plugin, resolve_plugin
+
+logger = logging.getLogger(__name__)
+
+DIST_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+DIST_TIMEOUT = datetime.timedelta(minutes=30)
+
+
+def _init_process_group_from_env(required: bool) -> None:
+    """Initialises the default process group from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (gloo without CUDA)."""
+    if dist.is_initialized():
+        return
+    missing = [k for k in DIST_ENV if k not in os.environ]
+    if missing:
+        if required:
+            raise ValueError(f"the strategy needs the environment variables {list(DIST_ENV)}; {missing} are not set "
+                             "(pass env_info to the trainer or maker, or call coati.ray.utils.set_dist_env first)")
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                            timeout=DIST_TIMEOUT)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _has_trainable(module: nn.Module) -> bool:
+    return any(p.requires_grad for p in module.parameters())
+
+
+def _unwrap_booster(model: nn.Module) -> nn.Module:
+    """The module inside a booster wrapper (TorchDDPModel, LowLevelZeroModel, GeminiDDP); else ``model``."""
+    if "colossalai.interface" in sys.modules:
+        from colossalai.interface import ModelWrapper
+
+        if isinstance(model, ModelWrapper):
+            return model.unwrap(unwrap_peft=False)
+    return model
+
+
+@deprecated_api("coati.trainer.strategies.DistributedSampler")
+class DistributedSampler:
+    """The legacy prompt sampler: each of ``num_replicas`` ranks owns every num_replicas-th index (the tail that
+    does not divide evenly is dropped); ``sample(batch_size)`` draws without replacement from the rank's share."""
+
+    def __init__(self, dataset: Any, num_replicas: int, rank: int) -> None:
+        if num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ValueError(f"need num_replicas >= 1 and 0 <= rank < num_replicas, got {num_replicas}, {rank}")
+        self.dataset = dataset
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.num_samples = len(dataset) // num_replicas
+        self.indices = list(range(rank, self.num_samples * num_replicas, num_replicas))
+
+    def sample(self, batch_size: int) -> List[Any]:
+        if batch_size > len(self.indices):
+            raise ValueError(f"cannot sample {batch_size} items from this rank's {len(self.indices)}")
+        return [self.dataset[i] for i in np.random.choice(self.indices, batch_size, replace=False)]
+
+
+@deprecated_api("coati.trainer.strategies.Strategy")
+class Strategy(ABC):
+    """A training strategy: process group, plugin, ``Booster`` (None for the naive strategy) and the legacy
+    methods. ``plugin_name`` is the engine plugin actually used (None: no booster)."""
+
+    def __init__(self, plugin: Optional[str] = None, plugin_options: Optional[Dict[str, Any]] = None,
+                 seed: int = 42) -> None:
+        self.seed = seed
+        self.plugin_name: Optional[str] = None
+        self.plugin_options: Dict[str, Any] = {}
+        if plugin is not None:
+            self.plugin_name, self.plugin_options = resolve_plugin(plugin, plugin_options, allow_cpu_fallback=True)
+        self.setup_distributed()
+        self.booster = None
+        if self.plugin_name is not None:
+            from colossalai.booster import Booster
+
+            self.booster = Booster(plugin=build_plugin(self.plugin_name, self.plugin_options))
+
+    def setup_distributed(self) -> None:
+        """Initialises the process group (plugins) and seeds Python, NumPy and torch."""
+        _init_process_group_from_env(required=True)
+        _seed_everything(self.seed)
+
+    def model_init_context(self) -> ContextManager[None]:
+        return contextlib.nullcontext()
+
+    def _boost(self, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None) -> List[Any]:
+        if self.booster is None or (optimizer is None and not _has_trainable(model)):
+            return [model, optimizer, None, None, None]
+        return self.booster.boost(model=model, optimizer=optimizer)
+
+    def prepare(self, *args: Any) -> Any:
+        """Each argument: a module, a ``(model, optimizer)`` pair or a dict of ``Booster.boost`` keywords; returns
+        them boosted in the same form (a single argument comes back alone)."""
+        results: List[Any] = []
+        for arg in args:
+            if isinstance(arg, nn.Module):
+                results.append(self._boost(arg)[0])
+            elif isinstance(arg, tuple) and len(arg) == 2 and isinstance(arg[0], nn.Module):
+                model, optimizer = self._boost(arg[0], arg[1])[:2]
+                results.append((model, optimizer))
+            elif isinstance(arg, dict):
+                kwargs = {k: v for k, v in arg.items() if v is not None}
+                if "model" not in kwargs:
+                    raise ValueError(f"prepare: a dict argument needs a 'model' entry, got keys {sorted(arg)}")
+                boosted = (self.booster.boost(**kwargs) if self.booster is not None
+                           else [kwargs.get(k) for k in ("model", "optimizer", "criterion", "dataloader",
+                                                         "lr_scheduler")])
+                names = ("model", "optimizer", "criterion", "dataloader", "lr_scheduler")
+                results.append({k: v for k, v in zip(names, boosted) if v is not None})
+            else:
+                raise TypeError(f"prepare expects modules, (model, optimizer) pairs or dicts, got {type(arg).__name__}")
+        return results[0] if len(results) == 1 else results
+
+    def backward(self, loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer, **kwargs: Any) -> None:
+        if self.booster is None:
+            loss.backward()
+        else:
+            self.booster.backward(loss, optimizer)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> None:
+        optimizer.step()
+
+    def unwrap_model(self, model: nn.Module) -> nn.Module:
+        """The model without the booster wrapper; for an ``Actor``, its Hugging Face model."""
+        inner = _unwrap_booster(model)
+        return inner.model if isinstance(inner, Actor) else inner
+
+    def _full_state_dict(self, model: nn.Module) -> Dict[str, torch.Tensor]:
+        return self.unwrap_model(model).state_dict()
+
+    def get_model_state_dict_shard(self, model: nn.Module, shard_size: Optional[int] = None,
+                                   requires_grad_only: bool = False) -> Iterator[Dict[str, torch.Tensor]]:
+        """Yields the state dict of ``unwrap_model(model)`` in shards of at least ``shard_size`` bytes (the last
+        one may be smaller; None: one shard). ``requires_grad_only`` keeps only trainable parameters."""
+        if shard_size is not None and (not isinstance(shard_size, int) or shard_size < 1):
+            raise ValueError(f"shard_size must be a positive number of bytes or None, got {shard_size!r}")
+        state_dict = self._full_state_dict(model)
+        if requires_grad_only:
+            trainable = {n for n, p in self.unwrap_model(model).named_parameters() if p.requires_grad}
+            state_dict = OrderedDict((k, v) for k, v in state_dict.items() if k in trainable)
+        if shard_size is None:
+            yield state_dict
+            return
+        shard: Dict[str, torch.Tensor] = OrderedDict()
+        size = 0
+        for name, tensor in state_dict.items():
+            shard[name] = tensor
+            size += tensor.numel() * tensor.element_size()
+            if size >= shard_size:
+                yield shard
+                shard, size = OrderedDict(), 0
+        if shard:
+            yield shard
+
+    def _rank(self) -> int:
+        return dist.get_rank() if dist.is_initialized() else 0
+
+    def save_model(self, model: nn.Module, path: str, only_rank0: bool = False, **kwargs: Any) -> None:
+        """Saves the model's state dict to ``path`` (only on rank 0 when ``only_rank0``)."""
+        if only_rank0 and self._rank() != 0:
+            return
+        if self.booster is None:
+            torch.save(model.state_dict(), path)
+        else:
+            self.booster.save_model(model, path, shard=False, **kwargs)
+
+    def load_model(self, model: nn.Module, path: str, strict: bool = True) -> None:
+        if self.booster is None:
+            model.load_state_dict(torch.load(path, map_location="cpu"), strict=strict)
+        else:
+            self.booster.load_model(model, path, strict=strict)
+
+    def save_optimizer(self, optimizer: torch.optim.Optimizer, path: str, only_rank0: bool = False) -> None:
+        """Saves the optimizer state (booster: sharded unless ``only_rank0``, as in the legacy code)."""
+        if self.booster is None:
+            if not only_rank0 or self._rank() == 0:
+                torch.save(optimizer.state_dict(), path)
+        else:
+            self.booster.save_optimizer(optimizer, path, shard=not only_rank0)
+
+    def load_optimizer(self, optimizer: torch.optim.Optimizer, path: str) -> None:
+        if self.booster is None:
+            optimizer.load_state_dict(torch.load(path, map_location="cpu"))
+        else:
+            self.booster.load_optimizer(optimizer, path)
+
+    def save_pretrained(self, model: nn.Module, path: str, only_rank0: bool = True, tokenizer: Any = None) -> None:
+        """``save_pretrained`` of the unwrapped (Hugging Face) model and of the tokenizer."""
+        if only_rank0 and self._rank() != 0:
+            return
+        unwrapped = self.unwrap_model(model)
+        if not hasattr(unwrapped, "save_pretrained"):
+            raise TypeError(f"{type(unwrapped).__name__} has no save_pretrained; use save_model for it")
+        unwrapped.save_pretrained(path)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(path)
+
+    def setup_sampler(self, dataset: Any) -> DistributedSampler:
+        return DistributedSampler(dataset, 1, 0)
+
+
+@deprecated_api("coati.trainer.strategies.NaiveStrategy")
+class NaiveStrategy(Strategy):
+    """No wrapping: plain ``loss.backward()`` and ``optimizer.step()``. Joins a process group only when the
+    environment describes one."""
+
+    def __init__(self) -> None:
+        super().__init__(plugin=None)
+
+    def setup_distributed(self) -> None:
+        _init_process_group_from_env(required=False)
+
+
+@deprecated_api("coati.trainer.strategies.DDPStrategy")
+class DDPStrategy(Strategy):
+    """Torch DDP through the engine's ``"ddp"`` plugin."""
+
+    def __init__(self, seed: int = 42) -> None:
+        super().__init__(plugin="ddp", seed=seed)
+
+    def setup_sampler(self, dataset: Any) -> DistributedSampler:
+        return DistributedSampler(dataset, dist.get_world_size(), dist.get_rank())
+
+
+class _ColossalStrategy(DDPStrategy):
+    """LowLevelZero and Gemini: ``colossalai.launch_from_torch`` on CUDA; the ddp path after a CPU fallback."""
+
+    def __init__(self, plugin: str, options: Dict[str, Any], seed: int) -> None:
+        Strategy.__init__(self, plugin=plugin, plugin_options=options, seed=seed)
+
+    def setup_distributed(self) -> None:
+        if self.plugin_name == "ddp" or dist.is_initialized():
+            super().setup_distributed()
+            return
+        missing = [k for k in DIST_ENV if k not in os.environ]
+        if missing:
+            raise ValueError(f"the strategy needs the environment variables {list(DIST_ENV)}; {missing} are not set")
+        import colossalai
+
+        colossalai.launch_from_torch(seed=self.seed)
+
+
+@deprecated_api("coati.trainer.strategies.LowLevelZeroStrategy")
+class LowLevelZeroStrategy(_ColossalStrategy):
+    """ZeRO stage 1/2 through the engine's ``"zero2"`` plugin (``placement_policy="cpu"``: CPU offload)."""
+
+    def __init__(self, stage: int = 2, precision: str = "fp16", seed: int = 42, placement_policy: str = "cuda",
+                 reduce_bucket_size: int = 12 * 1024 ** 2, overlap_communication: bool = True,
+                 initial_scale: float = 2 ** 16, growth_factor: float = 2, backoff_factor: float = 0.5,
+                 growth_interval: int = 1000, hysteresis: int = 2, min_scale: float = 1, max_scale: float = 2 ** 32,
+                 max_norm: float = 0.0, norm_type: float = 2.0) -> None:
+        if placement_policy not in ("cpu", "cuda"):
+            raise ValueError(f"placement_policy must be 'cpu' or 'cuda', got {placement_policy!r}")
+        options = dict(stage=stage, precision=precision, initial_scale=initial_scale, growth_factor=growth_factor,
+                       backoff_factor=backoff_factor, growth_interval=growth_interval, hysteresis=hysteresis,
+                       min_scale=min_scale, max_scale=max_scale, max_norm=max_norm, norm_type=norm_type,
+                       reduce_bucket_size_in_m=reduce_bucket_size / 1024 ** 2,
+                       overlap_communication=overlap_communication, cpu_offload=placement_policy == "cpu")
+        super().__init__("zero2", options, seed)
+
+
+@deprecated_api("coati.trainer.strategies.GeminiStrategy")
+class GeminiStrategy(_ColossalStrategy):
+    """Gemini (chunked ZeRO-3, fp16) through the engine's ``"gemini"`` plugin."""
+
+    def __init__(self, seed: int = 42, shard_init: bool = False, placement_policy: str = "auto",
+                 shard_param_frac: float = 1.0, offload_optim_frac: float = 0.0, offload_param_frac: float = 0.0,
+                 pin_memory: bool = True, force_outputs_fp32: bool = False, search_range_m: int = 32,
+                 hidden_dim: Optional[int] = None, min_chunk_size_m: float = 32, gpu_margin_mem_ratio: float = 0.0,
+                 initial_scale: float = 2 ** 16, growth_factor: float = 2, backoff_factor: float = 0.5,
+                 growth_interval: int = 1000, hysteresis: int = 2, min_scale: float = 1, max_scale: float = 2 ** 32,
+                 max_norm: float = 0.0, norm_type: float = 2.0) -> None:
+        if shard_init:
+            logger.warning("GeminiStrategy(shard_init=True) is ignored: load weights before strategy.prepare()")
+        options = dict(placement_policy=placement_policy, shard_param_frac=shard_param_frac,
+                       offload_optim_frac=offload_optim_frac, offload_param_frac=offload_param_frac,
+                       pin_memory=pin_memory, force_outputs_fp32=force_outputs_fp32, search_range_m=search_range_m,
+                       hidden_dim=hidden_dim, min_chunk_size_m=min_chunk_size_m,
+                       gpu_margin_mem_ratio=gpu_margin_mem_ratio, initial_scale=initial_scale,
+                       growth_factor=growth_factor, backoff_factor=backoff_factor, growth_interval=growth_interval,
+                       hysteresis=hysteresis, min_scale=min_scale, max_scale=max_scale, max_norm=max_norm,
+                       norm_type=norm_type, precision="fp16")
+        super().__init__("gemini", options, seed)
+
+    def _full_state_dict(self, model: nn.Module) -> Dict[str, torch.Tensor]:
+        if self.plugin_name != "gemini":
+            return super()._full_state_dict(model)
+        # GeminiDDP gathers the chunked parameters in its own state_dict(); keys are those of the wrapped module.
+        state_dict = model.state_dict()
+        if isinstance(_unwrap_booster(model), Actor):
+            state_dict = OrderedDict((k[len("model."):], v) for k, v in state_dict.items() if k.startswith("model."))
+        return state_dict

@@ -1,0 +1,313 @@
+"""Legacy ``coati.ray.experience_maker_holder.ExperienceMakerHolder``: the experience maker role.
+
+`ExperienceMakerHolderImpl` holds the four legacy models (actor, critic, reward model, initial model) and makes
+experience with the legacy ``NaiveExperienceMaker`` (KL-shaped reward, ``advantage = reward - value``, action mask up
+to and including the first EOS). It sends each item to its trainers round robin (`route_round_robin`, the index
+persisting across batches) and loads the weights the trainers push through the chunked
+``update_experience_maker`` protocol. `ExperienceMakerHolder` is its Ray actor class.
+
+Deviations (migration_guide/deviations.md): the maker waits until its trainers have taken its items, so a trainer's
+``buffer_limit`` throttles it; ``kl_coef`` reaches the experience maker (the final legacy version passed it as the
+tokenizer); pushed keys that name no weight of the maker's model raise instead of loading nothing; LoRA pushes
+replace the previous delta instead of adding to it; waits for the initial sync notice dead trainers and time out.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import tracemalloc
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+import ray
+import torch
+
+from coati_compat.legacy.callbacks import ExperienceMakerPerformanceEvaluator, MakerCallback
+from coati_compat.legacy.experience import Experience, split_experience_batch
+from coati_compat.legacy.experience_maker import NaiveExperienceMaker
+from coati_compat.legacy.lora import LoRAConstructor
+from coati_compat.legacy.ray_utils import get_model_numel, set_dist_env
+from coati_compat.shims.remote import LegacyActorBase, in_ray_actor, get_named_actor, legacy_actor_class, wait_refs
+
+logger = logging.getLogger(__name__)
+
+MAKER_CONCURRENCY_GROUPS = {"experience_io": 1, "model_io": 1, "compute": 1}
+
+
+def route_round_robin(num_items: int, start: int, num_targets: int) -> Tuple[List[List[int]], int]:
+    """Item ``k`` of a batch goes to target ``(start + k) % num_targets``. Returns (item indices per target, next
+    start)."""
+    if num_targets < 1:
+        raise ValueError(f"route_round_robin needs at least one target, got {num_targets}")
+    groups: List[List[int]] = [[] for _ in range(num_targets)]
+    for k in range(num_items):
+        groups[(start + k + 1) % num_targets].append(k)
+    return groups, (start + num_items) % num_targets
+
+
+def load_pushed_state(module: torch.nn.Module, state_dict: Dict[str, torch.Tensor], what: str) -> None:
+    """``load_state_dict(strict=False)`` that raises when no pushed key names a weight of ``module`` (the legacy
+    load silently did nothing) and warns about the keys it skips (LoRA keys on a model without LoRA layers too)."""
+    own = module.state_dict()
+    skipped = [k for k in state_dict if k not in own]
+    dense_skipped = [k for k in skipped if "lora_A" not in k and "lora_B" not in k]
+    dense = [k for k in state_dict if "lora_A" not in k and "lora_B" not in k]
+    if dense and len(dense_skipped) == len(dense):
+        raise ValueError(f"none of the {len(dense)} pushed {what} keys names a weight of the maker's {what} "
+                         f"(pushed {dense_skipped[:3]}, the maker has {list(own)[:3]}); actor keys must be Hugging "
+                         "Face model keys and critic keys Critic keys (model.*, value_head.*)")
+    if dense_skipped:
+        logger.warning("the maker's %s has no weights %s; they are not loaded", what, dense_skipped[:8])
+    if not dense and skipped:
+        logger.warning("the maker's %s has no LoRA layers for the %d pushed LoRA tensors; build the trainer and "
+                       "the maker with update_lora_weights=True to apply them", what, len(skipped))
+    module.load_state_dict({k: v for k, v in state_dict.items() if k in own}, strict=False)
+
+
+class ExperienceMakerHolderImpl(LegacyActorBase):
+    """The legacy maker (legacy_spec §A.5). Non-legacy keyword: ``wait_timeout_s`` bounds the wait for the initial
+    sync and for the trainers to take the items. Every other unknown keyword becomes a generate keyword."""
+
+    _legacy_name = "coati.ray.experience_maker_holder.ExperienceMakerHolder"
+
+    def __init__(self, detached_trainer_name_list: List[str], strategy_fn: Callable[[], Any],
+                 model_fn: Callable[[], Tuple[Any, Any, Any, Any]], env_info: Optional[Dict[str, str]] = None,
+                 sync_models_from_trainers: bool = False, buffer_cpu_offload: bool = True, kl_coef: float = 0.1,
+                 callbacks: Optional[List[MakerCallback]] = None, eval_performance: bool = False,
+                 debug: bool = False, update_lora_weights: bool = False, wait_timeout_s: float = 1800.0,
+                 **generate_kwargs: Any) -> None:
+        if env_info:
+            set_dist_env(env_info)
+        if isinstance(detached_trainer_name_list, str) or not detached_trainer_name_list:
+            raise ValueError("detached_trainer_name_list must be a non-empty list of trainer names, got "
+                             f"{detached_trainer_name_list!r}")
+        self.target_trainer_name_list = list(detached_trainer_name_list)
+        self.target_trainer_list: List[Any] = []
+        self.strategy = strategy_fn()
+        self.buffer_cpu_offload = buffer_cpu_offload
+        self.kl_coef = kl_coef
+        self.wait_timeout_s = float(wait_timeout_s)
+        with self.strategy.model_init_context():
+            actor, critic, reward_model, initial_model = model_fn()
+        self.generate_kwargs = self._set_default_generate_kwargs(generate_kwargs, actor)
+        self.callbacks: List[MakerCallback] = list(callbacks or [])
+        if eval_performance:
+            self.callbacks.append(ExperienceMakerPerformanceEvaluator(
+                get_model_numel(actor), get_model_numel(critic), get_model_numel(initial_model),
+                get_model_numel(reward_model)))
+        actor, critic, reward_model, initial_model = self.strategy.prepare(actor, critic, reward_model,
+                                                                           initial_model)
+        self.experience_maker = NaiveExperienceMaker(actor, critic, reward_model, initial_model, kl_coef=kl_coef)
+        self._model_visit_lock = threading.Lock()
+        self._is_fully_initialized = not sync_models_from_trainers
+        self._debug = debug
+        self._update_lora_weights = update_lora_weights
+        if update_lora_weights:
+            self.actor_lora_constructor = LoRAConstructor()
+            self.critic_lora_constructor = LoRAConstructor()
+        self._target_idx = 0
+        self.weight_version = 0  # completed weight pushes (chunk_end calls)
+        if debug:
+            logger.setLevel(logging.DEBUG)
+
+    @staticmethod
+    def _set_default_generate_kwargs(generate_kwargs: Dict[str, Any], actor: Any) -> Dict[str, Any]:
+        """The legacy defaults: the HF model's input-preparation hooks, when the caller gave none."""
+        out = dict(generate_kwargs)
+        model = getattr(actor, "model", actor)
+        for key, attr in (("prepare_inputs_fn", "prepare_inputs_for_generation"),
+                          ("update_model_kwargs_fn", "_update_model_kwargs_for_generation")):
+            if key not in out and hasattr(model, attr):
+                out[key] = getattr(model, attr)
+        return out
+
+    # -- trainers ------------------------------------------------------------------------------------------------
+    def update_target_trainer_list(self) -> None:
+        if not self.target_trainer_list:
+            self.target_trainer_list = [get_named_actor(n, "trainer") for n in self.target_trainer_name_list]
+
+    def _trainers_alive(self) -> bool:
+        """False when every target trainer has died (a trainer that does not answer at once counts as alive)."""
+        refs = [t.__ray_ready__.remote() for t in self.target_trainer_list]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=1.0)
+        dead = 0
+        for ref in ready:
+            try:
+                ray.get(ref, timeout=1.0)
+            except ray.exceptions.RayActorError:
+                dead += 1
+        return dead < len(refs)
+
+    def _call_trainers(self, method: str, *args: Any) -> None:
+        if not in_ray_actor():
+            return
+        self.update_target_trainer_list()
+        refs = [getattr(t, method).remote(*args) for t in self.target_trainer_list]
+        wait_refs(refs, 60.0, f"{method} on the trainers")
+
+    def _producer_identity(self) -> Tuple[str, Any]:
+        ctx = ray.get_runtime_context()
+        return ctx.get_actor_name() or ctx.get_actor_id(), ctx.current_actor
+
+    # -- working loop --------------------------------------------------------------------------------------------
+    def _get_ready(self) -> None:
+        """Waits (polling every second) for the initial full sync when one was asked for."""
+        deadline = time.monotonic() + self.wait_timeout_s
+        while not self._is_fully_initialized:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no trainer called sync_models_to_remote_makers within {self.wait_timeout_s:.0f}s"
+                                   "; call it, or build the maker with sync_models_from_trainers=False")
+            if in_ray_actor():
+                self.update_target_trainer_list()
+                if not self._trainers_alive():
+                    raise RuntimeError("every trainer of this maker has died while it waited for the initial sync")
+            time.sleep(1.0)
+
+    def workingloop(self, dataloader_fn: Callable[[], Iterable], num_epochs: int = 1, num_steps: int = 0) -> None:
+        """Makes experience from ``dataloader_fn()`` (built here): ``num_steps`` batches cycling the loader when
+        ``num_steps > 0``, else ``num_epochs`` passes."""
+        self._get_ready()
+        self._on_loop_start()
+        dataloader = dataloader_fn()
+        registered = in_ray_actor()
+        if registered:
+            self._call_trainers("buffer_register_producer", *self._producer_identity())
+        try:
+            if num_steps > 0:
+                iterator = iter(dataloader)
+                for _ in range(num_steps):
+                    try:
+                        batch = next(iterator)
+                    except StopIteration:
+                        iterator = iter(dataloader)
+                        batch = next(iterator)
+                    self._inference_step(batch)
+            else:
+                for _ in range(num_epochs):
+                    for batch in dataloader:
+                        self._inference_step(batch)
+            self._on_loop_end()
+        finally:
+            if registered:
+                self._call_trainers("buffer_producer_finished", self._producer_identity()[0])
+
+    def _make_experience(self, inputs: Any) -> Experience:
+        if isinstance(inputs, torch.Tensor):
+            return self.experience_maker.make_experience(inputs, **self.generate_kwargs)
+        if isinstance(inputs, dict):
+            return self.experience_maker.make_experience(**inputs, **self.generate_kwargs)
+        raise ValueError(f"a dataloader batch must be a Tensor of input ids or a dict of model inputs, got "
+                         f"{type(inputs).__name__}")
+
+    def _inference_step(self, batch: Any) -> None:
+        self._on_batch_start()
+        with self._model_visit_lock:
+            self._on_make_experience_start()
+            experience = self._make_experience(batch)
+            self._on_make_experience_end(experience)
+        self._on_send_start()
+        if self.buffer_cpu_offload:
+            experience.to_device("cpu")
+        self._send_items(experience)
+        self._on_send_end()
+        self._on_batch_end()
+
+    def _send_items(self, experience: Experience) -> None:
+        """Each item to the next trainer round robin; waits until the trainers have taken them."""
+        items = split_experience_batch(experience)
+        self.update_target_trainer_list()
+        groups, self._target_idx = route_round_robin(len(items), self._target_idx, len(self.target_trainer_list))
+        refs = [trainer.buffer_extend.remote([items[k] for k in group])
+                for trainer, group in zip(self.target_trainer_list, groups) if group]
+        logger.debug("[maker] sending %d items", len(items))
+        wait_refs(refs, self.wait_timeout_s, "sending experience to the trainers")
+
+    # -- weights -------------------------------------------------------------------------------------------------
+    @ray.method(concurrency_group="model_io")
+    @torch.no_grad()
+    def update_experience_maker(self, new_actor_state_dict: Optional[Dict[str, torch.Tensor]] = None,
+                                new_actor_lora_config_dict: Optional[Dict[str, Any]] = None,
+                                new_critic_state_dict: Optional[Dict[str, torch.Tensor]] = None,
+                                new_critic_lora_config_dict: Optional[Dict[str, Any]] = None,
+                                fully_update: bool = False, chunk_start: Optional[bool] = None,
+                                chunk_end: Optional[bool] = None) -> None:
+        """One call of the chunked push: ``chunk_start`` takes the model lock (after any generation in flight),
+        payload calls load actor and critic shards, ``chunk_end`` releases it (and ends a full initial sync)."""
+        if chunk_start:
+            if not self._model_visit_lock.acquire(timeout=self.wait_timeout_s):
+                raise TimeoutError(f"the model lock stayed taken for {self.wait_timeout_s:.0f}s")
+            if self._debug:
+                tracemalloc.start()
+        lora = self._update_lora_weights and not fully_update
+        if new_actor_state_dict is not None:
+            actor = self.strategy.unwrap_model(self.experience_maker.actor)  # HF model: HF keys
+            self._load(actor, new_actor_state_dict, new_actor_lora_config_dict, lora, "actor",
+                       getattr(self, "actor_lora_constructor", None))
+        if new_critic_state_dict is not None:
+            critic = self.strategy.unwrap_model(self.experience_maker.critic)  # Critic keys
+            self._load(critic, new_critic_state_dict, new_critic_lora_config_dict, lora, "critic",
+                       getattr(self, "critic_lora_constructor", None))
+        if chunk_end:
+            if not self._model_visit_lock.locked():
+                raise RuntimeError("update_experience_maker(chunk_end=True) without a chunk_start first")
+            if self._debug:
+                current, peak = tracemalloc.get_traced_memory()
+                tracemalloc.stop()
+                logger.debug("[maker] weight update memory: current %.1f MB, peak %.1f MB", current / 2**20,
+                             peak / 2**20)
+            self.weight_version += 1
+            if fully_update:
+                self._is_fully_initialized = True
+            self._model_visit_lock.release()
+
+    @staticmethod
+    def _load(module: torch.nn.Module, state_dict: Dict[str, torch.Tensor], lora_config: Optional[Dict[str, Any]],
+              lora: bool, what: str, constructor: Optional[LoRAConstructor]) -> None:
+        if not lora:
+            load_pushed_state(module, state_dict, what)
+            return
+        device = next(module.parameters()).device
+        state_dict = {k: v.to(device) for k, v in state_dict.items()}
+        increase = constructor.reconstruct_increase(state_dict, lora_config)
+        constructor.load_state_dict_increase(module, increase)
+
+    # -- non-legacy ----------------------------------------------------------------------------------------------
+    def get_weight_version(self) -> int:
+        """Completed weight pushes received so far."""
+        return self.weight_version
+
+    # -- callbacks -----------------------------------------------------------------------------------------------
+    def _on_loop_start(self) -> None:
+        for cb in self.callbacks:
+            cb.on_loop_start()
+
+    def _on_loop_end(self) -> None:
+        for cb in self.callbacks:
+            cb.on_loop_end()
+
+    def _on_make_experience_start(self) -> None:
+        for cb in self.callbacks:
+            cb.on_make_experience_start()
+
+    def _on_make_experience_end(self, experience: Experience) -> None:
+        for cb in self.callbacks:
+            cb.on_make_experience_end(experience)
+
+    def _on_send_start(self) -> None:
+        for cb in self.callbacks:
+            cb.on_send_start()
+
+    def _on_send_end(self) -> None:
+        for cb in self.callbacks:
+            cb.on_send_end()
+
+    def _on_batch_start(self) -> None:
+        for cb in self.callbacks:
+            cb.on_batch_start()
+
+    def _on_batch_end(self) -> None:
+        for cb in self.callbacks:
+            cb.on_batch_end()
+
+
+ExperienceMakerHolder = legacy_actor_class(ExperienceMakerHolderImpl, MAKER_CONCURRENCY_GROUPS)

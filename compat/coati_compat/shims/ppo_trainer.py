@@ -1,0 +1,160 @@
+"""Legacy ``coati.ray.detached_trainer_ppo.DetachedPPOTrainer``: PPO with a critic on the legacy trainer loop.
+
+`DetachedPPOTrainerImpl` keeps the legacy step (legacy_spec §A.4): two optimizers (``HybridAdam`` under
+LowLevelZero/Gemini on CUDA, ``torch.optim.Adam`` otherwise) with the legacy ``lr=1e-7``; the clipped policy loss
+(sample-level, no KL term) against the batch's advantages and the clipped value loss against its KL-shaped reward,
+both from ``coati_relay.algorithms``; one optimizer step each per batch. Weights go to the makers with the chunked
+``update_experience_maker`` protocol: actor keys are Hugging Face model keys, critic keys ``Critic`` keys; after
+training only the trainable tensors (with ``update_lora_weights``, only ``lora_A``/``lora_B``) go out, cast to fp16.
+
+Non-legacy keywords: ``actor_lr`` and ``critic_lr`` set the learning rates (default: the legacy 1e-7);
+``rpc_timeout_s`` bounds each step of a weight push. ``DetachedPPOTrainer`` is the Ray actor class.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+import ray
+import torch
+
+from coati_compat.legacy.callbacks import TrainerCallback, TrainerPerformanceEvaluator
+from coati_compat.legacy.experience import Experience
+from coati_compat.legacy.lora import LoRAConstructor
+from coati_compat.legacy.losses import PolicyLoss, ValueLoss
+from coati_compat.legacy.ray_utils import get_model_numel, set_dist_env, state_dict_to
+from coati_compat.legacy.strategies import GeminiStrategy, LowLevelZeroStrategy
+from coati_compat.shims.remote import legacy_actor_class, wait_refs
+from coati_compat.shims.trainer_base import TRAINER_CONCURRENCY_GROUPS, DetachedTrainer
+
+logger = logging.getLogger(__name__)
+
+LEGACY_LR = 1e-7
+
+
+def _check_lr(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"DetachedPPOTrainer: {name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+class DetachedPPOTrainerImpl(DetachedTrainer):
+    """The legacy PPO trainer. ``model_fn() -> (actor, critic)`` runs here, inside the strategy's init context."""
+
+    _legacy_name = "coati.ray.detached_trainer_ppo.DetachedPPOTrainer"
+
+    def __init__(self, experience_maker_holder_name_list: List[str], strategy_fn: Callable[[], Any],
+                 model_fn: Callable[[], Tuple[Any, Any]], env_info: Optional[Dict[str, str]] = None,
+                 train_batch_size: int = 8, buffer_limit: int = 0, eps_clip: float = 0.2, value_clip: float = 0.4,
+                 dataloader_pin_memory: bool = True, callbacks: Optional[List[TrainerCallback]] = None,
+                 eval_performance: bool = False, debug: bool = False, update_lora_weights: bool = False, *,
+                 actor_lr: float = LEGACY_LR, critic_lr: float = LEGACY_LR, rpc_timeout_s: float = 600.0) -> None:
+        actor_lr, critic_lr = _check_lr("actor_lr", actor_lr), _check_lr("critic_lr", critic_lr)
+        if env_info:
+            set_dist_env(env_info)
+        self.strategy = strategy_fn()
+        with self.strategy.model_init_context():
+            actor, critic = model_fn()
+        callbacks = list(callbacks or [])
+        if eval_performance:
+            callbacks.append(TrainerPerformanceEvaluator(get_model_numel(actor), get_model_numel(critic)))
+        colossal = (isinstance(self.strategy, (LowLevelZeroStrategy, GeminiStrategy))
+                    and self.strategy.plugin_name in ("zero2", "gemini"))
+        if colossal:
+            from colossalai.nn.optimizer import HybridAdam as optim_cls
+        else:
+            optim_cls = torch.optim.Adam
+        actor_optim = optim_cls(actor.parameters(), lr=actor_lr)
+        critic_optim = optim_cls(critic.parameters(), lr=critic_lr)
+        (self.actor, self.actor_optim), (self.critic, self.critic_optim) = self.strategy.prepare(
+            (actor, actor_optim), (critic, critic_optim))
+        self.actor_loss_fn = PolicyLoss(eps_clip)
+        self.critic_loss_fn = ValueLoss(value_clip)
+        self._update_lora_weights = update_lora_weights
+        self.rpc_timeout_s = float(rpc_timeout_s)
+        self.weight_version = 0  # completed weight pushes (the initial sync included)
+        super().__init__(experience_maker_holder_name_list, train_batch_size=train_batch_size,
+                         buffer_limit=buffer_limit, dataloader_pin_memory=dataloader_pin_memory,
+                         callbacks=callbacks, debug=debug)
+
+    @ray.method(concurrency_group="compute")
+    def training_step(self, experience: Experience) -> Dict[str, float]:
+        """One actor step and one critic step on a batch of B sequences of S tokens with A actions."""
+        self.actor.train()
+        self.critic.train()
+        num_actions = experience.action_mask.size(1)
+        action_log_probs = self.actor(experience.sequences, num_actions, attention_mask=experience.attention_mask)
+        actor_loss = self.actor_loss_fn(action_log_probs, experience.action_log_probs, experience.advantages,
+                                        action_mask=experience.action_mask)
+        self.strategy.backward(actor_loss, self.actor, self.actor_optim)
+        self.strategy.optimizer_step(self.actor_optim)
+        self.actor_optim.zero_grad()
+
+        values = self.critic(experience.sequences, action_mask=experience.action_mask,
+                             attention_mask=experience.attention_mask)
+        critic_loss = self.critic_loss_fn(values, experience.values, experience.reward,
+                                          action_mask=experience.action_mask)
+        self.strategy.backward(critic_loss, self.critic, self.critic_optim)
+        self.strategy.optimizer_step(self.critic_optim)
+        self.critic_optim.zero_grad()
+        return {"actor_loss": actor_loss.item(), "critic_loss": critic_loss.item()}
+
+    # -- weight push ---------------------------------------------------------------------------------------------
+    def _get_model_state_dict_shard(self, model: torch.nn.Module, fully_update: bool = False,
+                                    **config: Any) -> Iterator[Dict[str, torch.Tensor]]:
+        for state_dict in self.strategy.get_model_state_dict_shard(model, **config):
+            if self._update_lora_weights and not fully_update:
+                state_dict, _ = LoRAConstructor.filter_state_dict_lora(state_dict)
+            yield state_dict_to(state_dict)
+
+    def _get_model_lora_config_dict(self, model: torch.nn.Module) -> Optional[Dict[str, Any]]:
+        if not self._update_lora_weights:
+            return None
+        return LoRAConstructor.extract_lora_config(self.strategy.unwrap_model(model))
+
+    @ray.method(concurrency_group="model_io")
+    @torch.no_grad()
+    def _update_remote_makers(self, fully_update: bool = False, **config: Any) -> None:
+        """chunk_start on every maker (each takes its model lock), the actor and critic shards, then chunk_end."""
+        if not fully_update:
+            config["requires_grad_only"] = True
+        self.update_target_holder_list()
+        holders = self.target_holder_list
+        timeout, what = self.rpc_timeout_s, "weight push to the experience makers"
+        wait_refs([h.update_experience_maker.remote(chunk_start=True, fully_update=fully_update) for h in holders],
+                  timeout, what)
+        refs = []
+        if holders:
+            for key, model in (("actor", self.actor), ("critic", self.critic)):
+                lora_config = self._get_model_lora_config_dict(model)
+                for shard in self._get_model_state_dict_shard(model, fully_update=fully_update, **config):
+                    shard_ref = ray.put(shard)  # one copy in the object store for every maker
+                    refs += [h.update_experience_maker.remote(
+                        **{f"new_{key}_state_dict": shard_ref, f"new_{key}_lora_config_dict": lora_config},
+                        fully_update=fully_update) for h in holders]
+        wait_refs(refs, timeout, what)
+        wait_refs([h.update_experience_maker.remote(chunk_end=True, fully_update=fully_update) for h in holders],
+                  timeout, what)
+        self.weight_version += 1
+        self.detached_replay_buffer.version = self.weight_version
+
+    # -- checkpoints ---------------------------------------------------------------------------------------------
+    def strategy_save_actor(self, path: str, only_rank0: bool = False) -> None:
+        self.strategy.save_model(self.actor, path, only_rank0)
+
+    def strategy_save_critic(self, path: str, only_rank0: bool = False) -> None:
+        self.strategy.save_model(self.critic, path, only_rank0)
+
+    def strategy_save_actor_optim(self, path: str, only_rank0: bool = False) -> None:
+        self.strategy.save_optimizer(self.actor_optim, path, only_rank0)
+
+    def strategy_save_critic_optim(self, path: str, only_rank0: bool = False) -> None:
+        self.strategy.save_optimizer(self.critic_optim, path, only_rank0)
+
+    # -- non-legacy ----------------------------------------------------------------------------------------------
+    def get_weight_version(self) -> int:
+        """Completed weight pushes so far."""
+        return self.weight_version
+
+
+DetachedPPOTrainer = legacy_actor_class(DetachedPPOTrainerImpl, TRAINER_CONCURRENCY_GROUPS)
