@@ -47,6 +47,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("coati_relay.metrics").setLevel(logging.INFO)  # progress lines when stdout is no terminal
     parser = argparse.ArgumentParser(prog="coati-relay")
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="launch_distributed with the keywords of a YAML file")

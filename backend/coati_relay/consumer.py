@@ -126,7 +126,7 @@ class ConsumerWorker:
             })
             history.append(metrics)
             if self.rank == 0:
-                self.queue.report.remote(metrics)
+                ray.get(self.queue.report.remote(metrics), timeout=30)
         return history
 
     # -- training --------------------------------------------------------------------------------------------

@@ -216,6 +216,8 @@ class _Supervisor:
                     log.warning("%s died (%s); its tasks %s go to the other producers", name, _short(exc), lost)
                     continue
                 self._fail(f"{name} died: {_short(exc)}")
+        for rec in ray.get(self.queue.reports.remote(seen), timeout=30):  # posted after the last poll
+            on_report(rec)
         return results
 
 
