@@ -1,6 +1,7 @@
 """Both inference backends on the tiny model: rollout layout, EOS, seeds, weight loads, errors; response_logprobs.
 
-The vLLM cases share one real engine (module scope) and are marked slow; the transformers cases take seconds.
+The vLLM cases share one real engine (module scope, eager: it starts sooner; the parity module covers the compiled
+default) and are marked slow; the transformers cases take seconds.
 """
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def model_b():
 
 @pytest.fixture(scope="module", params=["transformers", pytest.param("vllm", marks=pytest.mark.slow)])
 def shared_backend(request, tiny_model_path):
-    backend = build_inference_backend(request.param, tiny_model_path, BASE)
+    extra = {"enforce_eager": True} if request.param == "vllm" else {}
+    backend = build_inference_backend(request.param, tiny_model_path, BASE, **extra)
     yield backend
     backend.close()
 

@@ -56,10 +56,14 @@ class VLLMBackend:
     model_path: a local HF checkpoint; sampling: the `SamplingConfig` (replaceable through ``backend.sampling``);
     tokenizer: an object, a path, or None for the checkpoint's own; dtype: the engine dtype (float32 is the faster
     one on CPU); seed: the engine seed, and the seed of the stream of per-call seeds used when ``sampling.seed`` is
-    None (with it set, every call uses that seed). ``llm_kwargs`` go to ``vllm.LLM`` (``enforce_eager=True`` starts
-    in seconds but generates about 10x slower on CPU than the default compiled model). ``max_model_len`` defaults to
-    the smaller of 1024 and the model's maximum. Responses are right-padded to the longest one of each call.
+    None (with it set, every call uses that seed). ``llm_kwargs`` go to ``vllm.LLM``; ``enforce_eager=True`` skips
+    the compilation and starts several seconds sooner (weights reload correctly in both modes). ``max_model_len``
+    defaults to the smaller of 1024 and the model's maximum. Responses are right-padded to the longest one of each call.
     ``start_seconds`` and ``last_reload_seconds`` record the engine start and the last weight reload.
+
+    On CPU hosts the in-process engine changes its process: vLLM seeds the global RNGs with ``seed``, sets torch to
+    one intra-op thread (unless ``OMP_NUM_THREADS`` is set) and makes ``torch.set_num_threads`` a no-op. Give the
+    backend a process of its own (a producer actor) rather than sharing one with training.
     """
 
     def __init__(self, model_path: str, sampling: SamplingConfig, tokenizer=None, dtype="float32", seed: int = 0,
