@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -56,6 +57,19 @@ def test_reward_rises(ray_cluster, tiny_model_path, data, tmp_path, algo, backen
     lines = (tmp_path / algo / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 12 and "reward" in json.loads(lines[0])
     assert result.checkpoints and result.checkpoints[-1].endswith("step-000012")
+
+
+def test_lora_only_sync_with_vllm(ray_cluster, tiny_model_path, data, tmp_path):
+    from coati_relay import launch_distributed
+
+    lora = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+    result = launch_distributed(**run_kwargs(
+        tiny_model_path, data, tmp_path / "lora", backend="vllm", rounds=2, num_producers=1,
+        num_consumer_procs=1, train_model_config={"path": tiny_model_path, "lora": lora}))
+    assert [h["version"] for h in result.history] == [1, 2, 3, 4]
+    assert all(h["rollout_version_min"] == h["version"] - 1 for h in result.history)
+    full_bytes = sum(p.stat().st_size for p in Path(tiny_model_path).glob("*.safetensors"))
+    assert 0 < result.history[0]["weight_bytes"] < full_bytes / 4, "only the adapters travel"
 
 
 def test_checkpoint_then_resume_loses_no_step(ray_cluster, tiny_model_path, data, tmp_path):
