@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, List, Optional, Set
 
+from coati_relay.waiting import wait_until
+
 
 class QueueClosed(RuntimeError):
     """The queue was closed (the run ended or failed); no more entries will come."""
@@ -161,19 +163,12 @@ class RolloutQueueActor:
         self._reports: List[Dict[str, Any]] = []
 
     async def _wait(self, predicate, timeout_s: Optional[float], what: str) -> None:
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        async with self._changed:
-            while not predicate():
-                if self.state.closed:
-                    raise QueueClosed(self.state.close_reason or "queue closed")
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"RolloutQueue: {what} timed out after {timeout_s:.1f}s "
-                                       f"(counters: {self.state.counters()})")
-                try:
-                    await asyncio.wait_for(self._changed.wait(), timeout=left)
-                except asyncio.TimeoutError:
-                    pass
+        def closed() -> None:
+            if self.state.closed:
+                raise QueueClosed(self.state.close_reason or "queue closed")
+
+        await wait_until(self._changed, predicate, timeout_s, check=closed, timed_out=lambda: TimeoutError(
+            f"RolloutQueue: {what} timed out after {timeout_s:.1f}s (counters: {self.state.counters()})"))
 
     async def _notify(self) -> None:
         async with self._changed:

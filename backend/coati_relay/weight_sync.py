@@ -13,6 +13,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from coati_relay.waiting import wait_until
+
 FlatMeta = List[Tuple[str, str, Tuple[int, ...], int, int]]  # name, dtype, shape, offset, numel
 
 
@@ -62,18 +64,12 @@ class WeightStoreActor:
 
     async def wait_for(self, min_version: int, timeout_s: Optional[float] = None) -> PublishedWeights:
         """The newest version once it is ``>= min_version``; TimeoutError after ``timeout_s``."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        async with self._changed:
-            while self.latest is None or self.latest.version < min_version:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    have = None if self.latest is None else self.latest.version
-                    raise TimeoutError(f"WeightStore: waited {timeout_s:.1f}s for version >= {min_version}, "
-                                       f"newest is {have}")
-                try:
-                    await asyncio.wait_for(self._changed.wait(), timeout=left)
-                except asyncio.TimeoutError:
-                    pass
+        def timed_out() -> TimeoutError:
+            have = None if self.latest is None else self.latest.version
+            return TimeoutError(f"WeightStore: waited {timeout_s:.1f}s for version >= {min_version}, newest is {have}")
+
+        await wait_until(self._changed, lambda: self.latest is not None and self.latest.version >= min_version,
+                         timeout_s, timed_out)
         return self.latest
 
     def latest_version(self) -> Optional[int]:

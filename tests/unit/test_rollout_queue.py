@@ -70,7 +70,8 @@ def test_actor_backpressure_timeout_and_conservation(ray_cluster):
     ray = ray_cluster
     q = make_rollout_queue(maxsize=2, staleness=0)
     refs = [ray.put(i) for i in range(3)]
-    ray.get([q.put.remote([refs[0]], 0, timeout_s=5), q.put.remote([refs[1]], 0, timeout_s=5)])
+    for ref in refs[:2]:  # one after the other: concurrent calls into an async actor may interleave
+        ray.get(q.put.remote([ref], 0, timeout_s=5))
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match="put"):
         ray.get(q.put.remote([refs[2]], 0, timeout_s=0.5), timeout=30)
@@ -91,7 +92,8 @@ def test_actor_backpressure_timeout_and_conservation(ray_cluster):
 def test_actor_staleness_and_close(ray_cluster):
     ray = ray_cluster
     q = make_rollout_queue(staleness=0)
-    ray.get([q.put.remote([ray.put(v)], v, timeout_s=5) for v in (0, 1)])
+    for v in (0, 1):
+        ray.get(q.put.remote([ray.put(v)], v, timeout_s=5))
     entries = ray.get(q.get.remote(1, timeout_s=5, consumer_version=1), timeout=30)
     assert [e.version for e in entries] == [1]
     c = ray.get(q.counters.remote())

@@ -1,0 +1,29 @@
+"""Bounded waits inside async Ray actors."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable, Optional
+
+
+async def wait_until(changed: asyncio.Condition, ready: Callable[[], bool], timeout_s: Optional[float],
+                     timed_out: Callable[[], BaseException],
+                     check: Optional[Callable[[], None]] = None) -> None:
+    """Waits on ``changed`` until ``ready()``; raises ``timed_out()`` after ``timeout_s`` (None: no bound).
+
+    ``check()`` runs before every look at ``ready`` and may raise to end the wait early (e.g. a closed queue).
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    async with changed:
+        while True:
+            if check is not None:
+                check()
+            if ready():
+                return
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise timed_out()
+            try:
+                await asyncio.wait_for(changed.wait(), timeout=left)
+            except asyncio.TimeoutError:
+                pass
