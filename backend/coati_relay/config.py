@@ -41,6 +41,7 @@ class RunConfig:
     """Everything a run needs, checked. Sizes in prompts unless the name says samples."""
 
     num_producers: int
+    num_proc_per_producer: int
     num_consumers: int
     num_episodes: int
     inference_batch_size: int
@@ -404,7 +405,7 @@ def build_run_config(
     name = (project_name or "coati-relay").replace(" ", "_")
     rd = Path(run_dir) if run_dir else Path("runs") / name
     return RunConfig(
-        num_producers=np_, num_consumers=nc, num_episodes=ne, inference_batch_size=ibs,
+        num_producers=np_, num_proc_per_producer=ppp, num_consumers=nc, num_episodes=ne, inference_batch_size=ibs,
         inference_microbatch_size=imbs, train_batch_size=tbs, train_minibatch_size=tmbs,
         train_microbatch_size=tmicro, num_generations=ng, core_algo=core_algo, inference_backend=inference_backend,
         model_path=model_path, tokenizer_path=tokenizer_path, dataset=dataset, max_prompt_tokens=max_prompt_tokens,

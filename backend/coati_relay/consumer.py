@@ -39,6 +39,14 @@ class ConsumerWorker:
         self.round = 0
 
     # -- set-up ----------------------------------------------------------------------------------------------
+    def rendezvous(self) -> tuple:
+        """(address, free port) of this process's node, for rank 0 to host the process group."""
+        import ray
+
+        from coati_relay.training.distributed import free_port
+
+        return ray.util.get_node_ip_address(), free_port()
+
     def setup(self, master_addr: str, master_port: int) -> Dict[str, Any]:
         from transformers import AutoTokenizer
 

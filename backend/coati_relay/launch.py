@@ -60,8 +60,9 @@ def _resources(cfg: RunConfig) -> Dict[str, Dict[str, Any]]:
     cpus, gpus = float(res.get("CPU", 1)), float(res.get("GPU", 0))
     n_actors = cfg.num_producers + cfg.num_consumers
     cpu_share = max(0.01, min(1.0, cpus / n_actors))
-    if gpus >= n_actors:
-        return {"producer": {"num_gpus": 1, "num_cpus": cpu_share}, "consumer": {"num_gpus": 1, "num_cpus": cpu_share}}
+    if gpus >= cfg.num_producers * cfg.num_proc_per_producer + cfg.num_consumers:
+        return {"producer": {"num_gpus": cfg.num_proc_per_producer, "num_cpus": cpu_share},
+                "consumer": {"num_gpus": 1, "num_cpus": cpu_share}}
     if gpus:
         log.warning("the cluster has %g GPUs for %d actors; every role runs on CPU", gpus, n_actors)
     threads = max(1, int(cpus // n_actors))
@@ -88,7 +89,6 @@ def run(cfg: RunConfig) -> RunResult:
     from coati_relay.metrics import MetricsLogger, ProgressBar, run_summary
     from coati_relay.producer import ProducerWorker
     from coati_relay.rollout_queue import make_rollout_queue
-    from coati_relay.training.distributed import free_port
     from coati_relay.weight_sync import make_weight_store
 
     t_start = time.perf_counter()
@@ -113,8 +113,8 @@ def run(cfg: RunConfig) -> RunResult:
              **{p: f"producer-{i}" for i, p in enumerate(producers)}}
     supervisor = _Supervisor(cfg, queue, names)
     try:
-        port = free_port()
-        setup_refs = [c.setup.remote("127.0.0.1", port) for c in consumers] + [p.setup.remote() for p in producers]
+        addr, port = ray.get(consumers[0].rendezvous.remote(), timeout=cfg.timeout_s)
+        setup_refs = [c.setup.remote(addr, port) for c in consumers] + [p.setup.remote() for p in producers]
         supervisor.wait_all(setup_refs, list(names.keys()), what="set-up")
         setup_s = time.perf_counter() - t_start
         logger = MetricsLogger(cfg.run_dir)
@@ -128,6 +128,7 @@ def run(cfg: RunConfig) -> RunResult:
             bar.update(int(rec["step"]) - 1, numbers)
 
         results = supervisor.supervise(run_refs, on_report=on_report)
+        train_s = time.perf_counter() - t_start - setup_s
         bar.close()
         counters = ray.get(queue.counters.remote(), timeout=30)
     finally:
@@ -139,6 +140,7 @@ def run(cfg: RunConfig) -> RunResult:
     checkpoints = [h["checkpoint"] for h in history if "checkpoint" in h]
     summary = run_summary(logger.history)
     summary["setup_s"] = setup_s
+    summary["wall_s"] = train_s  # training only; the log's timestamps are when the driver saw each step
     return RunResult(history=history, checkpoints=checkpoints, run_dir=cfg.run_dir, summary=summary,
                      counters=counters, producer_stats=[results[p] for p in producers if p in results],
                      setup_s=setup_s)
