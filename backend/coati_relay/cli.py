@@ -7,6 +7,8 @@ import os
 import sys
 from typing import List, Optional
 
+from coati_compat.migrate.cli import add_subcommand as add_migrate_subcommand
+
 
 def _run(args: argparse.Namespace) -> int:
     import yaml
@@ -57,6 +59,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p_plot.add_argument("run_dirs", nargs="+")
     p_plot.add_argument("-o", "--out", default=None)
     p_plot.set_defaults(fn=_plot)
+    add_migrate_subcommand(sub)
     sub.add_parser("demo", help="GRPO, PPO and the legacy API on the toy task", add_help=False)
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "demo":

@@ -1,0 +1,76 @@
+"""Tables and functions the rewriter copies, verbatim, into every migrated script that needs them.
+
+A migrated script depends on ``coati_relay`` only, never on this package (the legacy surface goes away); keeping
+the helpers here lets the rewriter and its tests use the very code the migrated scripts run.
+"""
+from __future__ import annotations
+
+import math
+
+# Legacy --trainer_strategy -> plugin_config. The *_cpu variants offload as the legacy strategies did.
+LEGACY_STRATEGY_PLUGINS = {
+    "ddp": {"plugin": "ddp"},
+    "colossalai_zero2": {"plugin": "zero2"},
+    "colossalai_zero2_cpu": {"plugin": "zero2", "cpu_offload": True},
+    "colossalai_gemini": {"plugin": "gemini"},
+    "colossalai_gemini_cpu": {"plugin": "gemini", "offload_optim_frac": 1.0, "offload_param_frac": 1.0},
+}
+
+# Legacy LoRA replaced every nn.Linear of the model (GPT-2's attention and MLP are Conv1D, so only its lm_head).
+LORA_TARGET_MODULES = {
+    "gpt2": ["lm_head"],
+    "bloom": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h", "lm_head"],
+    "opt": ["q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2", "lm_head"],
+    "llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"],
+}
+
+
+def legacy_plugin_config(strategy):
+    """plugin_config for a legacy strategy name (``ddp``, ``colossalai_zero2``, ``colossalai_gemini``, ...)."""
+    if strategy not in LEGACY_STRATEGY_PLUGINS:
+        raise ValueError(f"unknown legacy trainer strategy {strategy!r}; "
+                         f"use one of {sorted(LEGACY_STRATEGY_PLUGINS)}")
+    return dict(LEGACY_STRATEGY_PLUGINS[strategy])
+
+
+def round_sizes(num_producers, num_consumers, experience_batch_size, train_batch_size, update_steps):
+    """(inference_batch_size, inference_microbatch_size) in prompts, one response per prompt.
+
+    A round (one weight version) should hold what the legacy trainers consumed between two weight pushes,
+    ``update_steps * train_batch_size * num_consumers`` samples, so that every consumer makes ``update_steps``
+    optimizer steps per round. The round is rounded up until the engine's sizes tile: the micro-batch divides
+    ``inference_batch_size`` and divides (or is a multiple of) ``train_batch_size``; the round splits into whole
+    optimizer batches and whole micro-batches per consumer.
+    """
+    for name, value in (("num_producers", num_producers), ("num_consumers", num_consumers),
+                        ("experience_batch_size", experience_batch_size), ("train_batch_size", train_batch_size),
+                        ("update_steps", update_steps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    micro = experience_batch_size
+    if train_batch_size % micro and micro % train_batch_size:
+        micro = math.gcd(experience_batch_size, train_batch_size)
+    target = update_steps * train_batch_size * num_consumers
+    tile = math.lcm(train_batch_size * num_consumers, micro * num_consumers)
+    per_producer = tile // math.gcd(tile, num_producers)  # smallest producer share whose round tiles
+    step = math.lcm(per_producer, micro)
+    batch = step * max(1, -(-target // (step * num_producers)))
+    return batch, micro
+
+
+def max_new_tokens(max_length, prompt_tokens):
+    """The legacy ``max_length`` counted prompt and response together (prompts padded to ``prompt_tokens``)."""
+    if max_length <= prompt_tokens:
+        raise ValueError(f"max_length={max_length} leaves no room for a response after {prompt_tokens} prompt "
+                         f"tokens; pass a larger --max_length")
+    return max_length - prompt_tokens
+
+
+def lora_config(rank, family):
+    """train_model_config["lora"] for the legacy ``lora_rank`` (None for 0: full fine-tuning).
+
+    The legacy scaling was ``1 / rank`` (``lora_alpha=1``); peft's is ``alpha / r``, hence ``alpha=1``.
+    """
+    if rank <= 0:
+        return None
+    return {"r": rank, "alpha": 1, "target_modules": LORA_TARGET_MODULES.get(family)}

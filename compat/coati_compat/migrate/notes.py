@@ -1,0 +1,60 @@
+"""The ``# NOTE:`` comments of a migrated script: one topic per legacy concept, each with an anchor in the guide.
+
+``TOPICS`` is the one table: a test checks that ``migration_guide/rewriter.md`` has an anchor for every topic.
+"""
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from typing import List, Optional
+
+GUIDE_PAGE = "migration_guide/rewriter.md"
+
+TOPICS = {
+    "routing": "maker/trainer names and routing",
+    "placement": "actor options and Ray start-up",
+    "env-info": "env_info and process groups",
+    "maker-strategy": "the maker's strategy",
+    "trainer-strategy": "the trainer's strategy",
+    "models": "model factories and checkpoints",
+    "initial-model": "the initial (reference) model",
+    "lora": "LoRA",
+    "learning-rate": "learning rate",
+    "kl-and-advantages": "KL coefficient and advantages",
+    "generation": "generation keywords",
+    "batch-sizes": "batch sizes and rounds",
+    "run-length": "how long a run is",
+    "train-epochs": "train_epochs",
+    "buffer": "replay buffer settings",
+    "initial-sync": "the initial weight sync",
+    "callbacks": "callbacks, performance evaluators, debug",
+    "dataset": "prompt data",
+    "custom-classes": "subclasses of legacy classes",
+    "unused-flags": "command-line flags without effect",
+    "unread": "values the rewriter could not read",
+}
+
+
+@dataclass
+class Note:
+    """One NOTE. key: the launch keyword it sits above in the migrated script (None: the module's header)."""
+
+    topic: str
+    text: str
+    key: Optional[str] = None
+    line: int = 0
+
+    def __post_init__(self) -> None:
+        if self.topic not in TOPICS:
+            raise ValueError(f"unknown NOTE topic {self.topic!r}; add it to TOPICS (and an anchor to {GUIDE_PAGE})")
+
+    @property
+    def link(self) -> str:
+        return f"{GUIDE_PAGE}#{self.topic}"
+
+    def comment(self, indent: str = "", width: int = 116) -> List[str]:
+        """The NOTE as comment lines: ``# NOTE: <text> (line N) See <link>``."""
+        where = f" (legacy line {self.line})" if self.line else ""
+        body = f"{self.text}{where} See {self.link}"
+        lines = textwrap.wrap(body, width=width - len(indent) - 8, break_on_hyphens=False, break_long_words=False)
+        return [f"{indent}# NOTE: {lines[0]}"] + [f"{indent}#       {line}" for line in lines[1:]]

@@ -1,0 +1,240 @@
+"""Writes the migrated script (and the equivalent YAML config for ``coati-relay run``) from a `Plan`.
+
+The migrated script keeps the legacy command-line flags (names and defaults), computes the keywords of
+``coati_relay.launch_distributed`` from them in ``launch_kwargs(args)``, and calls it in ``main()``. The YAML is that
+function's result for given flags: the script is the single source of both.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import inspect
+import io
+import re
+import textwrap
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Sequence, Union
+
+from coati_compat.migrate import emitted
+from coati_compat.migrate.analyze import analyze_source
+from coati_compat.migrate.mapping import Plan, build_plan
+from coati_compat.migrate.notes import Note
+
+# launch_distributed's keywords in the order of its signature (then the engine's additions).
+KWARG_ORDER = ("num_producers", "num_proc_per_producer", "num_consumer_procs", "num_episodes", "inference_batch_size",
+               "inference_microbatch_size", "train_batch_size", "train_minibatch_size", "train_dataset_config",
+               "inference_model_config", "generate_config", "train_model_config", "grpo_config", "plugin_config",
+               "inference_backend", "num_generations", "core_algo", "project_name", "critic_model_config",
+               "reward_model_config", "run_dir")
+WIDTH = 116
+_HELPER_TABLES = {"legacy_plugin_config": "LEGACY_STRATEGY_PLUGINS", "lora_config": "LORA_TARGET_MODULES"}
+
+
+@dataclass
+class Migration:
+    """The result of migrating one legacy script.
+
+    script:       the migrated script's source.
+    notes:        every NOTE it holds (also as comments in ``script``).
+    untranslated: parts that need hand work (custom training steps, custom makers, missing actors).
+    """
+
+    legacy_name: str
+    script: str
+    notes: List[Note]
+    untranslated: List[str]
+
+    @property
+    def complete(self) -> bool:
+        return not self.untranslated
+
+    def launch_kwargs(self, flags: Union[Sequence[str], Mapping[str, Any], None] = None) -> Dict[str, Any]:
+        """The migrated script's ``launch_kwargs`` for the legacy defaults overridden by ``flags``.
+
+        flags: command-line arguments (``["--pretrain", "/models/actor"]``) or a mapping ``{"pretrain": ...}``.
+        Required flags that are not given come out as None. Raises ValueError on flags the script does not take.
+        """
+        namespace: Dict[str, Any] = {"__name__": "coati_migrated_script"}
+        exec(compile(self.script, f"<migrated {self.legacy_name}>", "exec"), namespace)  # noqa: S102 - our output
+        parser = namespace["build_parser"]()
+        for action in parser._actions:
+            action.required = False
+        argv = _flag_argv(parser, flags) if isinstance(flags, Mapping) else list(flags or [])
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit:
+            raise ValueError(f"the migrated {self.legacy_name} does not accept the flags {argv}; its flags are "
+                             f"{sorted(a.dest for a in parser._actions if a.dest != 'help')}") from None
+        return namespace["launch_kwargs"](args)
+
+    def yaml(self, flags: Union[Sequence[str], Mapping[str, Any], None] = None) -> str:
+        """A YAML file of ``launch_distributed`` keywords for ``coati-relay run``, with the NOTEs as comments."""
+        import yaml
+
+        kwargs = self.launch_kwargs(flags)
+        if isinstance(flags, Mapping):
+            flags = [f"--{k} {v}" for k, v in flags.items()]
+        text = (f"launch_distributed keywords for `coati-relay run`, migrated from {self.legacy_name}; computed from "
+                f"the legacy defaults and these flags: {' '.join(flags or []) or 'none'}.")
+        empty = [k for k, v in _leaves(kwargs) if v is None and k != "run_dir"]
+        if empty:
+            text += f" Still empty, set before running: {', '.join(empty)}."
+        head = [f"# {line}" for line in textwrap.wrap(text, width=WIDTH - 2, break_on_hyphens=False)]
+        for note in self.notes:
+            head += note.comment()
+        return "\n".join(head) + "\n" + yaml.safe_dump(kwargs, sort_keys=False, width=116)
+
+
+def _flag_argv(parser: argparse.ArgumentParser, flags: Mapping[str, Any]) -> List[str]:
+    actions = {a.dest: a for a in parser._actions}
+    argv: List[str] = []
+    for dest, value in flags.items():
+        action = actions.get(dest)
+        if action is None or not action.option_strings:
+            raise ValueError(f"the migrated script has no flag --{dest}; its flags are "
+                             f"{sorted(d for d in actions if d != 'help')}")
+        if action.nargs == 0:
+            if str(value).lower() in ("1", "true", "yes", "on"):
+                argv.append(action.option_strings[-1])
+        else:
+            argv += [action.option_strings[-1], str(value)]
+    return argv
+
+
+def _leaves(value: Any, prefix: str = ""):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, f"{prefix}.{k}" if prefix else k)
+    else:
+        yield prefix, value
+
+
+def fit_line(prefix: str, code: str, suffix: str = "", width: int = WIDTH) -> List[str]:
+    """``prefix + code + suffix`` as lines of at most ``width`` characters where possible: a call or dict literal
+    that does not fit is broken after its opening bracket, its items packed onto continuation lines."""
+    line = prefix + code + suffix
+    if len(line) <= width:
+        return [line]
+    node = ast.parse(code, mode="eval").body
+    if isinstance(node, ast.Call):
+        head, close = ast.unparse(node.func) + "(", ")"
+        items = [ast.unparse(a) for a in node.args] + [f"{k.arg}={ast.unparse(k.value)}" for k in node.keywords]
+    elif isinstance(node, ast.Dict) and all(k is not None for k in node.keys):
+        head, close = "{", "}"
+        items = [f"{ast.unparse(k)}: {ast.unparse(v)}" for k, v in zip(node.keys, node.values)]
+    else:
+        return [line]
+    indent = " " * (len(prefix) - len(prefix.lstrip()) + 4)
+    out, current = [prefix + head], indent
+    for i, item in enumerate(items):
+        piece = item + (", " if i < len(items) - 1 else "")
+        if current.strip() and len(current + piece.rstrip()) > width:
+            out.append(current.rstrip())
+            current = indent
+        current += piece
+    out.append(current.rstrip() + close + suffix)
+    return out
+
+
+def _table(name: str, table: Dict[str, Any]) -> List[str]:
+    return [f"{name} = {{"] + [f"    {k!r}: {v!r}," for k, v in table.items()] + ["}", ""]
+
+
+def _helpers(plan: Plan) -> List[str]:
+    out: List[str] = []
+    for name in sorted(plan.helpers):
+        if name in _HELPER_TABLES:
+            table = _HELPER_TABLES[name]
+            out += _table(table, getattr(emitted, table)) + [""]
+    for name in sorted(plan.helpers):
+        out += inspect.getsource(getattr(emitted, name)).rstrip().splitlines() + ["", ""]
+    return out
+
+
+def render(plan: Plan) -> str:
+    """The migrated script's source for ``plan``."""
+    stem = re.sub(r"[^\w.-]", "_", plan.script_name.rsplit(".", 1)[0])
+    keys = [k for k in KWARG_ORDER if k in plan.kwargs] + [k for k in plan.kwargs if k not in KWARG_ORDER]
+    notes = list(dict.fromkeys((n.topic, n.text, n.key, n.line) for n in plan.notes))
+    notes = [Note(*n) for n in notes]
+    header = [n for n in notes if n.key not in plan.kwargs]
+    new_flags = ", ".join(f.split('"')[1] for f in plan.new_flags)
+    kept = ("The legacy command-line flags keep their names and defaults; added" if plan.legacy_flags
+            else "The legacy script took no command-line flags; these are new")
+    about = (f"Written by `python -m coati_compat.migrate {stem}.py`. {kept}: {new_flags}. Every "
+             f"`# NOTE:` says what happened to a legacy setting without an exact counterpart, with a link into the "
+             f"migration guide.")
+    lines = [f'"""{stem}, migrated from the legacy coati.ray API to coati_relay.launch_distributed.', ""]
+    lines += textwrap.wrap(about, width=WIDTH, break_on_hyphens=False) + ['"""']
+    lines += [
+        "from __future__ import annotations",
+        "",
+        "import argparse",
+    ]
+    lines += ["import math"] if "round_sizes" in plan.helpers else []
+    lines += ["from typing import Any, Dict", ""]
+    for note in sorted(header, key=lambda n: not n.text.startswith("NOT TRANSLATED")):
+        lines += note.comment()
+    lines += ["", ""] + _helpers(plan)
+    lines += ["def build_parser() -> argparse.ArgumentParser:",
+              f'    parser = argparse.ArgumentParser(description="{stem} on coati_relay.launch_distributed")']
+    for flag in plan.legacy_flags + plan.new_flags:
+        lines += fit_line("    ", flag)
+    lines += ["    return parser", "", ""]
+    lines += ["def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:",
+              '    """The keywords of launch_distributed for these command-line arguments."""']
+    for line in plan.prelude:
+        target, sep, code = line.partition(" = ")
+        lines += fit_line(f"    {target} = ", code) if sep and not line.startswith(" ") else [f"    {line}"]
+    lines += ["    return dict("]
+    for key in keys:
+        for note in notes:
+            if note.key == key:
+                lines += note.comment("        ")
+        lines += fit_line(f"        {key}=", plan.kwargs[key], ",")
+    lines += ["    )", "", ""]
+    lines += ["def main(argv=None):",
+              "    from coati_relay import launch_distributed  # imported here: reading launch_kwargs stays cheap",
+              "",
+              "    args = build_parser().parse_args(argv)",
+              "    result = launch_distributed(**launch_kwargs(args))",
+              "    print(result.summary)",
+              "    return result",
+              "", "",
+              'if __name__ == "__main__":',
+              "    main()", ""]
+    return "\n".join(lines)
+
+
+def double_quotes(code: str) -> str:
+    """Rewrites plain single-quoted one-line string literals (``ast.unparse`` writes them) with double quotes."""
+    lines = code.splitlines(keepends=True)
+    for tok in tokenize.generate_tokens(io.StringIO(code).readline):
+        text = tok.string
+        if tok.type != tokenize.STRING or tok.start[0] != tok.end[0]:
+            continue
+        prefix = text[:len(text) - len(text.lstrip("rbfuRBFU"))]
+        body = text[len(prefix):]
+        if body[:1] == "'" and body[:3] != "'" * 3 and '"' not in body and "\\" not in body:
+            row, col = tok.start[0] - 1, tok.start[1]
+            line = lines[row]
+            lines[row] = f'{line[:col]}{prefix}"{body[1:-1]}"{line[col + len(text):]}'
+    return "".join(lines)
+
+
+def migrate_source(text: str, name: str = "legacy_script.py") -> Migration:
+    """Migrates the source of a legacy launch script (it is parsed, never run)."""
+    plan = build_plan(analyze_source(text, name))
+    script = double_quotes(render(plan))
+    compile(script, f"<migrated {name}>", "exec")  # the rewriter's own output must always be valid Python
+    return Migration(legacy_name=name, script=script, notes=plan.notes, untranslated=plan.untranslated)
+
+
+def migrate_file(path: Union[str, Path]) -> Migration:
+    """Migrates the legacy launch script at ``path``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"legacy script {path} does not exist; pass the path of a .py launch script")
+    return migrate_source(path.read_text(encoding="utf-8"), name=path.name)
