@@ -27,7 +27,8 @@ from coati_compat.legacy.experience import Experience, split_experience_batch
 from coati_compat.legacy.experience_maker import NaiveExperienceMaker
 from coati_compat.legacy.lora import LoRAConstructor
 from coati_compat.legacy.ray_utils import get_model_numel, set_dist_env
-from coati_compat.shims.remote import LegacyActorBase, in_ray_actor, get_named_actor, legacy_actor_class, wait_refs
+from coati_compat.shims.remote import (LegacyActorBase, enable_debug_logging, get_named_actor, in_ray_actor,
+                                      legacy_actor_class, wait_refs)
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def route_round_robin(num_items: int, start: int, num_targets: int) -> Tuple[Lis
         raise ValueError(f"route_round_robin needs at least one target, got {num_targets}")
     groups: List[List[int]] = [[] for _ in range(num_targets)]
     for k in range(num_items):
-        groups[(start + k + 1) % num_targets].append(k)
+        groups[(start + k) % num_targets].append(k)
     return groups, (start + num_items) % num_targets
 
 
@@ -108,7 +109,7 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
         self._target_idx = 0
         self.weight_version = 0  # completed weight pushes (chunk_end calls)
         if debug:
-            logger.setLevel(logging.DEBUG)
+            enable_debug_logging(logger)
 
     @staticmethod
     def _set_default_generate_kwargs(generate_kwargs: Dict[str, Any], actor: Any) -> Dict[str, Any]:
@@ -150,6 +151,9 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
         return ctx.get_actor_name() or ctx.get_actor_id(), ctx.current_actor
 
     # -- working loop --------------------------------------------------------------------------------------------
+    def _fully_initialized(self) -> bool:
+        return self._is_fully_initialized
+
     def _get_ready(self) -> None:
         """Waits (polling every second) for the initial full sync when one was asked for."""
         deadline = time.monotonic() + self.wait_timeout_s
@@ -180,7 +184,10 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
                         batch = next(iterator)
                     except StopIteration:
                         iterator = iter(dataloader)
-                        batch = next(iterator)
+                        batch = next(iterator, None)
+                        if batch is None:
+                            raise ValueError("the dataloader built by dataloader_fn() yields no batch; give it at "
+                                             "least one (check batch_size against the dataset and drop_last)")
                     self._inference_step(batch)
             else:
                 for _ in range(num_epochs):
@@ -270,6 +277,7 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
         state_dict = {k: v.to(device) for k, v in state_dict.items()}
         increase = constructor.reconstruct_increase(state_dict, lora_config)
         constructor.load_state_dict_increase(module, increase)
+        logger.debug("[maker] LoRA push: %d %s weights rebuilt from their adapters", len(increase), what)
 
     # -- non-legacy ----------------------------------------------------------------------------------------------
     def get_weight_version(self) -> int:

@@ -29,6 +29,16 @@ logger = logging.getLogger(__name__)
 _WARNED_TRANSLATIONS: set = set()
 
 
+def enable_debug_logging(log: logging.Logger) -> None:
+    """The legacy ``debug=True``: the role's debug lines go to stderr (the actor's log, forwarded to the driver)."""
+    log.setLevel(logging.DEBUG)
+    if not any(getattr(h, "_coati_debug", False) for h in log.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler._coati_debug = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+
+
 def legacy_namespace() -> str:
     """The Ray namespace of the legacy named actors: ``$RAY_NAMESPACE``; a clear error when it is unset."""
     namespace = os.environ.get("RAY_NAMESPACE")

@@ -22,7 +22,7 @@ from coati_compat.deprecations import deprecated_api
 from coati_compat.legacy.callbacks import TrainerCallback
 from coati_compat.legacy.experience import BufferItem, Experience
 from coati_compat.shims.device_redirect import compute_device
-from coati_compat.shims.remote import LegacyActorBase, get_named_actor
+from coati_compat.shims.remote import LegacyActorBase, enable_debug_logging, get_named_actor
 from coati_compat.shims.replay_buffer import DetachedReplayBuffer
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class DetachedTrainer(LegacyActorBase, ABC):
         self._is_target_holder_initialized = False
         self._debug = debug
         if debug:
-            logger.setLevel(logging.DEBUG)
+            enable_debug_logging(logger)
 
     def update_target_holder_list(self) -> None:
         """Looks the makers up by name, once (on the first push)."""

@@ -28,6 +28,15 @@ pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 SEQ, ACT = 6, 3
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models on a shared two-core host: one intra-op thread is faster and steadier than two."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def make_batch(ids) -> Experience:
     """An Experience whose row k is tagged with ids[k] in every sequence token."""
     ids = torch.as_tensor(ids, dtype=torch.long)
@@ -368,6 +377,35 @@ def test_lora_push_replaces_the_previous_delta():
     for _ in range(2):
         legacy = push_lora(legacy, sd, {name: (1, 1, False)})
     torch.testing.assert_close(legacy[name + ".weight"], w0 + 2 * (b @ a))  # what the legacy code did
+
+
+TRAINER_METHODS = ["fit", "sync_models_to_remote_makers", "buffer_get_length", "buffer_append", "buffer_extend",
+                   "_buffer_sample", "_update_remote_makers", "training_step", "update_target_holder_list",
+                   "strategy_save_actor", "strategy_save_critic", "strategy_save_actor_optim",
+                   "strategy_save_critic_optim"]
+MAKER_METHODS = ["workingloop", "update_experience_maker", "update_target_trainer_list", "_get_ready",
+                 "_fully_initialized", "_inference_step", "_send_items", "_make_experience"]
+
+
+def test_actor_classes_expose_every_legacy_remote_method():
+    import ray
+
+    from coati_compat.shims.maker_holder import ExperienceMakerHolder
+    from coati_compat.shims.ppo_trainer import DetachedPPOTrainer
+
+    for actor_cls, methods in ((DetachedPPOTrainer, TRAINER_METHODS), (ExperienceMakerHolder, MAKER_METHODS)):
+        assert isinstance(actor_cls, ray.actor.ActorClass)
+        exposed = actor_cls.__ray_metadata__.method_meta.methods
+        assert not [m for m in methods if m not in exposed]
+
+
+def test_strategy_save_writes_checkpoints(tmp_path):
+    trainer = DetachedPPOTrainerImpl([], NaiveStrategy, trainer_models)
+    trainer.strategy_save_actor(str(tmp_path / "actor.pt"), only_rank0=True)
+    trainer.strategy_save_critic_optim(str(tmp_path / "critic_optim.pt"))
+    saved = torch.load(tmp_path / "actor.pt", weights_only=True)
+    assert saved.keys() == trainer.actor.state_dict().keys()
+    assert "param_groups" in torch.load(tmp_path / "critic_optim.pt", weights_only=True)
 
 
 # -- Ray-class facade ---------------------------------------------------------------------------------------------
