@@ -10,6 +10,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models on 2 shared cores: one thread each is fastest
 
 
 @pytest.fixture(scope="session")

@@ -64,7 +64,7 @@ def run_demo(out_dir: str = "runs/demo", rounds: int = 20, backend: str = "vllm"
         rows.append({"run": f"{algo} (new API)", **result.summary})
         run_dirs.append(run_dir)
     if legacy:
-        rows.append(_legacy_row(model, out, rounds))
+        rows.append(_legacy_row(model, out))
         if rows[-1].get("run_dir"):
             run_dirs.append(Path(rows[-1]["run_dir"]))
     print()
@@ -75,17 +75,20 @@ def run_demo(out_dir: str = "runs/demo", rounds: int = 20, backend: str = "vllm"
     return {"rows": rows, "plot": str(png), "wall_s": time.perf_counter() - t0}
 
 
-def _legacy_row(model: str, out: Path, rounds: int) -> Dict[str, Any]:
-    """The legacy API on the same task, with the deprecation warnings a user would see."""
+def _legacy_row(model: str, out: Path, steps: int = 100) -> Dict[str, Any]:
+    """The legacy API on the same task, with the deprecation warnings a user would see.
+
+    Legacy PPO makes one response per prompt and trains on 16 of them per step, so it takes more (cheaper) steps.
+    """
     from coati_compat.demo_legacy import run_legacy_ppo
     from coati_relay.metrics import run_summary
     from coati_relay.toy import write_toy_dataset
 
     csv = str(write_toy_dataset(out / "prompts.csv", num_prompts=8, fmt="csv"))
-    print(f"[demo] legacy coati.ray PPO (ExperienceMakerHolder + DetachedPPOTrainer), {rounds} steps")
+    print(f"[demo] legacy coati.ray PPO (ExperienceMakerHolder + DetachedPPOTrainer), {steps} steps")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
-        result = run_legacy_ppo(model_path=model, csv_path=csv, run_dir=str(out / "legacy"), steps=rounds)
+        result = run_legacy_ppo(model_path=model, csv_path=csv, run_dir=str(out / "legacy"), steps=steps)
     shown = result.get("warnings") or [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
     for text in dict.fromkeys(shown):
         print(f"  FutureWarning: {text.splitlines()[0]}")

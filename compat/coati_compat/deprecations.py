@@ -295,16 +295,19 @@ else:
 
 
 def _wrap_class(cls: type, text: str) -> None:
-    original_init = cls.__init__
+    own_init = cls.__dict__.get("__init__")
     original_subclass = cls.__dict__.get("__init_subclass__")
 
-    @functools.wraps(original_init)
+    @functools.wraps(cls.__init__)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         if type(self) is cls:
             caller = sys._getframe(1)
             if not _is_internal(caller):
                 _warn_at(caller, text)
-        original_init(self, *args, **kwargs)
+        if own_init is not None:
+            own_init(self, *args, **kwargs)
+        else:  # the class had no __init__: follow the instance's MRO (cooperative multiple inheritance)
+            super(cls, self).__init__(*args, **kwargs)
 
     def __init_subclass__(sub: type, **kwargs: Any) -> None:
         module = getattr(sub, "__module__", "") or ""

@@ -83,7 +83,7 @@ def test_mmmt_dummy_opt_with_initial_sync(opt_path, tmp_path):
 def test_lora_prompt_pushes_adapters(llama_path, prompts, tmp_path):
     out = run_script("lora_prompt.py", ["--num_trainers", 2, "--model", "llama", "--critic_model", "llama",
                                         "--pretrain", llama_path, "--critic_pretrain", llama_path, "--prompt_path",
-                                        prompts, "--lora_rank", 1, "--debug", *SMALL_RUN], tmp_path)
+                                        prompts, "--lora_rank", 2, "--debug", *SMALL_RUN], tmp_path)
     assert "[trainer performance]" in out
     assert re.search(r"\[maker\] LoRA push: [1-9]\d* actor weights rebuilt from their adapters", out)
     assert "[trainer] training step" in out

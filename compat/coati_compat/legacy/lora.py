@@ -47,10 +47,7 @@ class LoraLinear(nn.Module):
         self.merged = False
         self.lora_dropout = nn.Dropout(lora_dropout) if lora_dropout > 0 else nn.Identity()
         out_features, in_features = self._t(weight).shape
-        if r > 0:
-            if r > min(in_features, out_features):
-                raise ValueError(f"LoRA rank {r} exceeds the layer size ({out_features} x {in_features}); "
-                                 "pass a smaller lora_rank")
+        if r > 0:  # a rank above min(in, out) is allowed, as in the legacy code (e.g. a critic's 1-row value head)
             self.lora_A = nn.Parameter(weight.new_empty(r, in_features))
             self.lora_B = nn.Parameter(weight.new_zeros(out_features, r))
             nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))

@@ -172,3 +172,21 @@ def test_warn_deprecated_stacklevel_and_errors():
         warn_deprecated("coati.ray.utils.state_dict_to", stacklevel=0)
     with pytest.raises(TypeError, match="class or a function"):
         deprecated_api("coati.ray.utils.state_dict_to")(42)
+
+
+def test_deprecated_class_without_init_keeps_cooperative_multiple_inheritance():
+    import warnings
+
+    from coati_compat.legacy.callbacks import MakerCallback
+
+    class Recorder:
+        def __init__(self, tag):
+            self.tag = tag
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+
+        class Both(MakerCallback, Recorder):
+            pass
+
+        assert Both("x").tag == "x"

@@ -111,8 +111,10 @@ def test_lora_linear_merges_in_eval_and_unmerges_in_train():
     torch.testing.assert_close(layer(x), out_train, **TOL)
     layer.train()
     torch.testing.assert_close(layer.weight, w0, **TOL)
-    with pytest.raises(ValueError, match="exceeds the layer size"):
-        LoraLinear(torch.nn.Parameter(torch.randn(2, 3)), None, r=4)
+    wide = LoraLinear(torch.nn.Parameter(torch.randn(1, 3)), None, r=4)  # legacy allowed r > min(in, out)
+    assert wide.lora_A.shape == (4, 3) and wide.lora_B.shape == (1, 4)
+    with pytest.raises(ValueError, match="r must be an int >= 0"):
+        LoraLinear(torch.nn.Parameter(torch.randn(2, 3)), None, r=-1)
 
 
 class _AlwaysEos(torch.nn.Module):
