@@ -1,0 +1,182 @@
+"""custom_trainer, migrated from the legacy coati.ray API to coati_relay.launch_distributed.
+
+Written by `python -m coati_compat.migrate custom_trainer.py`. The legacy command-line flags keep their names and
+defaults; added: --num_episodes, --inference_backend, --run_dir. Every `# NOTE:` says what happened to a legacy
+setting without an exact counterpart, with a link into the migration guide.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any, Dict
+
+# NOTE: NOT TRANSLATED: DetachedPGTrainer(DetachedTrainer) defines its own training step (training_step,
+#       _update_remote_makers): the rewriter cannot translate a custom training_step. launch_distributed trains with
+#       a built-in algorithm (core_algo PPO, GRPO, DAPO, RLOO, REINFORCE_PPB); the call below uses core_algo='PPO'
+#       as the closest stand-in. (legacy line 52) See migration_guide/rewriter.md#custom-classes
+# NOTE: the callback class MetricsWriter(TrainerCallback) is not translated: the engine has no hooks; read the same
+#       numbers from the returned RunResult.history or run_dir/metrics.jsonl. (legacy line 36) See
+#       migration_guide/rewriter.md#callbacks
+# NOTE: .options(max_concurrency, name, num_gpus) on the legacy actors has no counterpart: launch_distributed
+#       creates and places its actors itself (a GPU each where the cluster has enough, CPU shares otherwise). See
+#       migration_guide/rewriter.md#placement
+# NOTE: ray.init(...) is not needed: launch_distributed starts Ray when it is not running, and no RAY_NAMESPACE is
+#       read (the engine's actors are not looked up by name). (legacy line 153) See
+#       migration_guide/rewriter.md#placement
+# NOTE: do_sample: the engine always samples (temperature, top_k, top_p). (legacy line 97) See
+#       migration_guide/rewriter.md#generation
+# NOTE: pad_token_id/eos_token_id: taken from the tokenizer saved with the model; each response ends at its EOS
+#       token. (legacy line 97) See migration_guide/rewriter.md#generation
+# NOTE: buffer_limit=4: the engine's queue holds at most (n_behind + 1) rounds of rollouts and blocks producers
+#       beyond that (legacy makers were never throttled); n_behind=0, the default, keeps training on-policy. (legacy
+#       line 112) See migration_guide/rewriter.md#buffer
+# NOTE: callbacks: the engine has no hooks; launch_distributed returns a RunResult whose history holds every step's
+#       metrics (also written to run_dir/metrics.jsonl). (legacy line 112) See migration_guide/rewriter.md#callbacks
+# NOTE: --model, --experience_steps, --metrics_path are still accepted, so legacy command lines keep working, but
+#       have no effect: what they set has no counterpart (see the other NOTEs). See
+#       migration_guide/rewriter.md#unused-flags
+
+
+def max_new_tokens(max_length, prompt_tokens):
+    """The legacy ``max_length`` counted prompt and response together (prompts padded to ``prompt_tokens``)."""
+    if max_length <= prompt_tokens:
+        raise ValueError(f"max_length={max_length} leaves no room for a response after {prompt_tokens} prompt "
+                         f"tokens; pass a larger --max_length")
+    return max_length - prompt_tokens
+
+
+def round_sizes(num_producers, num_consumers, experience_batch_size, train_batch_size, update_steps):
+    """(inference_batch_size, inference_microbatch_size) in prompts, one response per prompt.
+
+    A round (one weight version) should hold what the legacy trainers consumed between two weight pushes,
+    ``update_steps * train_batch_size * num_consumers`` samples, so that every consumer makes ``update_steps``
+    optimizer steps per round. The round is rounded up until the engine's sizes tile: the micro-batch divides
+    ``inference_batch_size`` and divides (or is a multiple of) ``train_batch_size``; the round splits into whole
+    optimizer batches and whole micro-batches per consumer.
+    """
+    for name, value in (("num_producers", num_producers), ("num_consumers", num_consumers),
+                        ("experience_batch_size", experience_batch_size), ("train_batch_size", train_batch_size),
+                        ("update_steps", update_steps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    micro = experience_batch_size
+    if train_batch_size % micro and micro % train_batch_size:
+        micro = math.gcd(experience_batch_size, train_batch_size)
+    target = update_steps * train_batch_size * num_consumers
+    tile = math.lcm(train_batch_size * num_consumers, micro * num_consumers)
+    per_producer = tile // math.gcd(tile, num_producers)  # smallest producer share whose round tiles
+    step = math.lcm(per_producer, micro)
+    batch = step * max(1, -(-target // (step * num_producers)))
+    return batch, micro
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="custom_trainer on coati_relay.launch_distributed")
+    parser.add_argument("--prompt_path", type=str, required=True)
+    parser.add_argument("--model", default="gpt2", choices=["gpt2", "bloom", "opt", "llama"])
+    parser.add_argument("--pretrain", type=str, default=None)
+    parser.add_argument("--critic_pretrain", type=str, default=None)
+    parser.add_argument("--experience_steps", type=int, default=4)
+    parser.add_argument("--experience_batch_size", type=int, default=8)
+    parser.add_argument("--train_epochs", type=int, default=1)
+    parser.add_argument("--update_steps", type=int, default=2)
+    parser.add_argument("--train_batch_size", type=int, default=8)
+    parser.add_argument("--max_length", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=1e-05)
+    parser.add_argument("--metrics_path", type=str, default="custom_trainer_metrics.jsonl")
+    parser.add_argument("--num_episodes", type=int, default=1, help="passes over the prompt file (the run length)")
+    parser.add_argument(
+        "--inference_backend", default="vllm", choices=["vllm", "transformers"], help="how producers generate")
+    parser.add_argument("--run_dir", default=None, help="metrics and checkpoints go here")
+    return parser
+
+
+def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
+    """The keywords of launch_distributed for these command-line arguments."""
+    num_producers = 1
+    num_consumers = 1
+    inference_batch_size, inference_microbatch_size = round_sizes(
+        num_producers, num_consumers, args.experience_batch_size, args.train_batch_size, args.update_steps)
+    prompt_tokens = 32
+    return dict(
+        # NOTE: detached_trainer_name_list and experience_maker_holder_name_list have no counterpart: every consumer
+        #       reads one shared rollout queue, so there are no actor names or routes to compute. See
+        #       migration_guide/rewriter.md#routing
+        num_producers=num_producers,
+        num_proc_per_producer=1,
+        num_consumer_procs=num_consumers,
+        # NOTE: each maker made workingloop(num_steps=args.experience_steps) batches; each trainer trained
+        #       fit(total_steps=args.experience_batch_size * args.experience_steps // args.train_batch_size,
+        #       update_steps=args.update_steps) batches; that is 4 batches per trainer, 32 samples in all (flags at
+        #       their defaults). The engine's run length follows from the data: num_episodes * (prompts in the file
+        #       // (inference_batch_size*num_producers)) rounds; set --num_episodes (and the file's size) to match.
+        #       (legacy line 131) See migration_guide/rewriter.md#run-length
+        num_episodes=args.num_episodes,
+        # NOTE: train_batch_size counts prompts; with one response per prompt (num_generations=1) that is the legacy
+        #       count of samples. A round (one weight version) is inference_batch_size*num_producers prompts, sized
+        #       to hold what the legacy trainers consumed between two weight pushes
+        #       (update_steps*train_batch_size*num_trainers samples) and rounded up until the engine's sizes tile.
+        #       With the legacy defaults: 16*1 = 16 prompts per round, 2 optimizer step(s) per consumer per weight
+        #       version (legacy: a push every 2 batch(es)); the prompt file needs at least 16 prompts. See
+        #       migration_guide/rewriter.md#batch-sizes
+        inference_batch_size=inference_batch_size,
+        inference_microbatch_size=inference_microbatch_size,
+        train_batch_size=args.train_batch_size,
+        train_minibatch_size=args.train_batch_size,
+        # NOTE: the legacy collate function cut or padded every prompt of the CSV's prompt column to exactly
+        #       prompt_tokens tokens; the engine reads the same column (raw text, no chat template), pads per batch
+        #       and cuts over-long prompts on the left, keeping their end. The data loader ran inside each maker;
+        #       here the engine samples the prompts. (legacy line 126) See migration_guide/rewriter.md#dataset
+        train_dataset_config={"path": args.prompt_path, "max_length": prompt_tokens},
+        # NOTE: model families (args.model) are no longer chosen: every model is a local Hugging Face checkpoint
+        #       whose config.json sets the architecture. The reward model loads as a sequence classifier with one
+        #       label, the critic as the checkpoint's trunk plus a value head. See
+        #       migration_guide/rewriter.md#models
+        # NOTE: --critic_pretrain defaults to None, which legacy read as 'random weights of a default-size model';
+        #       the engine needs a local checkpoint directory: pass --critic_pretrain. See
+        #       migration_guide/rewriter.md#models
+        # NOTE: --pretrain defaults to None, which legacy read as 'random weights of a default-size model'; the
+        #       engine needs a local checkpoint directory: pass --pretrain. See migration_guide/rewriter.md#models
+        # NOTE: the legacy script set tokenizer.pad_token at run time; the engine reads the tokenizer saved with the
+        #       model and needs a pad token there (save one with save_pretrained). See
+        #       migration_guide/rewriter.md#models
+        # NOTE: the maker's strategy_fn has no counterpart: producers generate with the inference backend
+        #       (--inference_backend) and need no training strategy. (legacy line 97) See
+        #       migration_guide/rewriter.md#maker-strategy
+        inference_model_config={"path": args.pretrain},
+        # NOTE: max_length counted prompt and response together (prompts were padded to prompt_tokens);
+        #       max_new_tokens counts the response only, so it is max_length - prompt_tokens. See
+        #       migration_guide/rewriter.md#generation
+        generate_config={"max_new_tokens": max_new_tokens(args.max_length, prompt_tokens), "top_k": 50},
+        train_model_config={"path": args.pretrain},
+        # NOTE: kl_coef: the legacy maker subtracted kl_coef times a sequence-level KL estimate from the reward and
+        #       used advantage = reward - value; the engine's PPO puts -kl_coef*KL on every response token and
+        #       estimates advantages with GAE (gamma, lam in grpo_config). See
+        #       migration_guide/rewriter.md#kl-and-advantages
+        # NOTE: train_epochs -> grpo_config['ppo_epochs']: legacy replayed an episode's update_steps batches
+        #       (shuffled) for train_epochs - 1 more epochs before pushing the weights; the engine passes over a
+        #       round's batches ppo_epochs times, in order, before publishing a weight version. (legacy line 131)
+        #       See migration_guide/rewriter.md#train-epochs
+        grpo_config={"lr": args.lr, "critic_lr": args.lr, "kl_coef": 0.1, "ppo_epochs": args.train_epochs},
+        plugin_config={"plugin": "ddp"},
+        inference_backend=args.inference_backend,
+        num_generations=1,
+        core_algo="PPO",
+        project_name="custom_trainer",
+        critic_model_config={"path": args.critic_pretrain},
+        reward_model_config={"path": args.critic_pretrain},
+        run_dir=args.run_dir,
+    )
+
+
+def main(argv=None):
+    from coati_relay import launch_distributed  # imported here: reading launch_kwargs stays cheap
+
+    args = build_parser().parse_args(argv)
+    result = launch_distributed(**launch_kwargs(args))
+    print(result.summary)
+    return result
+
+
+if __name__ == "__main__":
+    main()
