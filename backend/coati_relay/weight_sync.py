@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -37,6 +38,20 @@ def flatten_state_dict(tensors: Dict[str, torch.Tensor]) -> Tuple[Dict[str, torc
 def unflatten_state_dict(buffers: Dict[str, torch.Tensor], meta: FlatMeta) -> Dict[str, torch.Tensor]:
     """Inverse of `flatten_state_dict` (views into the buffers, no copies)."""
     return {name: buffers[dt][off:off + numel].view(shape) for name, dt, shape, off, numel in meta}
+
+
+def _to_wire(buffers: Dict[str, torch.Tensor]) -> Dict[str, Any]:
+    """numpy views of the buffers: Ray stores numpy arrays without pickling and reads them back without a copy
+    (torch tensors are pickled both ways). bfloat16, which numpy lacks, travels as int16 bits."""
+    return {dt: (b.view(torch.int16) if b.dtype == torch.bfloat16 else b).numpy() for dt, b in buffers.items()}
+
+
+def _from_wire(arrays: Dict[str, Any]) -> Dict[str, torch.Tensor]:
+    """Read-only tensors over the object store's arrays; `load_weights` copies out of them."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        out = {dt: torch.from_numpy(a) for dt, a in arrays.items()}
+    return {dt: (t.view(torch.bfloat16) if dt == "bfloat16" else t) for dt, t in out.items()}
 
 
 @dataclass
@@ -136,7 +151,7 @@ class WeightPublisher:
         t0 = time.perf_counter()
         if tensors is not None:
             buffers, meta = flatten_state_dict(tensors)
-            blob, kind = (buffers, meta, None), "full"
+            blob, kind = (_to_wire(buffers), meta, None), "full"
             nbytes = sum(b.numel() * b.element_size() for b in buffers.values())
         else:
             blob, kind = (None, None, adapters), "lora"
@@ -164,7 +179,7 @@ class WeightSubscriber:
         buffers, meta, adapters = ray.get(pub.payload[0], timeout=timeout_s)
         self.last_wait_s, self.last_transfer_s = t1 - t0, time.perf_counter() - t1
         if pub.kind == "full":
-            return pub.version, unflatten_state_dict(buffers, meta)
+            return pub.version, unflatten_state_dict(_from_wire(buffers), meta)
         if self.base_weights is None:
             raise RuntimeError("WeightSubscriber: LoRA-only weights published but no base weights were given")
         return pub.version, merge_lora(self.base_weights, adapters)

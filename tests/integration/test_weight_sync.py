@@ -71,3 +71,13 @@ def test_publish_and_fetch_through_ray(ray_cluster):
     assert version == 2 and torch.equal(tensors["w"], torch.ones(2, 3))
     with pytest.raises(RuntimeError, match="base weights"):
         sub.fetch(2, timeout_s=10)
+
+
+def test_wire_format_round_trips_every_dtype():
+    from coati_relay.weight_sync import _from_wire, _to_wire
+
+    sd = {"f": torch.randn(4), "b": torch.randn(3).bfloat16(), "h": torch.randn(2).half(), "i": torch.arange(3)}
+    buffers, meta = flatten_state_dict(sd)
+    back = unflatten_state_dict(_from_wire(_to_wire(buffers)), meta)
+    for k, v in sd.items():
+        assert back[k].dtype == v.dtype and torch.equal(back[k], v)
