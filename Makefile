@@ -17,6 +17,7 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest tests -q
+	$(PY) -m pytest benchmarks -q --benchmark-disable  # each benchmark once: both sides still do the same work
 
 test-fast: setup
 	$(PY) -m pytest tests -q -m "not slow"
