@@ -76,6 +76,7 @@ class RunConfig:
     resume_from: Optional[str]
     on_producer_failure: str
     timeout_s: float
+    weight_sync: str = "object_store"
     num_prompts: int = 0
     project_name: str = "coati-relay"
     seed: int = 42
@@ -287,7 +288,8 @@ def build_run_config(
     save_interval: int = 100, save_dir: Optional[str] = None, n_behind: int = 0,
     critic_model_config: Optional[Dict[str, Any]] = None, reward_model_config: Optional[Dict[str, Any]] = None,
     run_dir: Optional[str] = None, resume_from: Optional[str] = None, on_producer_failure: str = "fail",
-    timeout_s: float = 300.0, seed: int = 42, progress: bool = True, **ignored: Any,
+    timeout_s: float = 300.0, seed: int = 42, progress: bool = True, weight_sync: str = "object_store",
+    **ignored: Any,
 ) -> RunConfig:
     """Checks every launch parameter and the constraints between them; raises one `ConfigError` listing all."""
     errors: List[str] = []
@@ -309,6 +311,11 @@ def build_run_config(
         timeout_s = 300.0
     if on_producer_failure not in ("fail", "continue"):
         errors.append(f"on_producer_failure must be 'fail' or 'continue', got {on_producer_failure!r}")
+    if weight_sync not in ("object_store", "collective"):
+        errors.append(f"weight_sync must be 'object_store' or 'collective', got {weight_sync!r}")
+    elif weight_sync == "collective" and on_producer_failure == "continue":
+        errors.append("weight_sync='collective' needs every producer in every broadcast, so a run cannot go on "
+                      "after one dies: use on_producer_failure='fail' or weight_sync='object_store'")
     if inference_backend not in BACKENDS:
         errors.append(f"inference_backend must be one of {list(BACKENDS)}, got {inference_backend!r}")
     if ppp > 1:
@@ -416,6 +423,7 @@ def build_run_config(
         allow_cpu_fallback=allow_fallback, algo=algo, reward=reward, reward_model_path=rm_path,
         critic_model_path=critic_path, n_behind=n_behind, save_interval=save_interval, run_dir=rd,
         save_dir=Path(save_dir) if save_dir else rd, resume_from=resume_from or tmc.get("checkpoint_path"),
-        on_producer_failure=on_producer_failure, timeout_s=float(timeout_s), num_prompts=num_prompts,
+        on_producer_failure=on_producer_failure, timeout_s=float(timeout_s), weight_sync=weight_sync,
+        num_prompts=num_prompts,
         project_name=name, seed=seed, progress=progress,
     )

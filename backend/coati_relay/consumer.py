@@ -40,14 +40,14 @@ class ConsumerWorker:
 
     # -- set-up ----------------------------------------------------------------------------------------------
     def rendezvous(self) -> tuple:
-        """(address, free port) of this process's node, for rank 0 to host the process group."""
+        """(address, port for the data-parallel group, port for the weight group) on this process's node."""
         import ray
 
         from coati_relay.training.distributed import free_port
 
-        return ray.util.get_node_ip_address(), free_port()
+        return ray.util.get_node_ip_address(), free_port(), free_port()
 
-    def setup(self, master_addr: str, master_port: int) -> Dict[str, Any]:
+    def setup(self, master_addr: str, master_port: int, weight_port: int = 0) -> Dict[str, Any]:
         from transformers import AutoTokenizer
 
         from coati_relay.checkpoint import load_checkpoint
@@ -82,9 +82,15 @@ class ConsumerWorker:
         self.round = int(state.get("round", 0))
         self.publisher = None
         if self.rank == 0:
-            from coati_relay.weight_sync import WeightPublisher
+            if cfg.weight_sync == "collective":
+                from coati_relay.weight_sync_collective import CollectivePublisher
 
-            self.publisher = WeightPublisher(self.store)
+                self.publisher = CollectivePublisher(self.store, master_addr, weight_port, cfg.num_producers + 1,
+                                                     cfg.timeout_s)
+            else:
+                from coati_relay.weight_sync import WeightPublisher
+
+                self.publisher = WeightPublisher(self.store)
             self._publish(self.round)
         return {"consumer": self.rank, "setup_s": time.perf_counter() - t0, "start_round": self.round}
 

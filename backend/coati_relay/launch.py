@@ -113,8 +113,9 @@ def run(cfg: RunConfig) -> RunResult:
              **{p: f"producer-{i}" for i, p in enumerate(producers)}}
     supervisor = _Supervisor(cfg, queue, names)
     try:
-        addr, port = ray.get(consumers[0].rendezvous.remote(), timeout=cfg.timeout_s)
-        setup_refs = [c.setup.remote(addr, port) for c in consumers] + [p.setup.remote() for p in producers]
+        addr, port, weight_port = ray.get(consumers[0].rendezvous.remote(), timeout=cfg.timeout_s)
+        setup_refs = ([c.setup.remote(addr, port, weight_port) for c in consumers]
+                      + [p.setup.remote(addr, weight_port) for p in producers])
         supervisor.wait_all(setup_refs, list(names.keys()), what="set-up")
         setup_s = time.perf_counter() - t_start
         logger = MetricsLogger(cfg.run_dir)

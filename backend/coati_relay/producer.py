@@ -35,7 +35,7 @@ class ProducerWorker:
                                         "weight_load_s": 0.0, "weight_loads": 0, "wait_s": 0.0}
 
     # -- set-up ----------------------------------------------------------------------------------------------
-    def setup(self) -> Dict[str, Any]:
+    def setup(self, weight_addr: str = "", weight_port: int = 0) -> Dict[str, Any]:
         from transformers import AutoTokenizer
 
         from coati_relay.data import PromptSampler, load_prompts
@@ -66,7 +66,13 @@ class ProducerWorker:
             from coati_relay.training.booster_backend import load_causal_lm
 
             base = {k: v.detach().clone() for k, v in load_causal_lm(cfg.model_path).state_dict().items()}
-        self.subscriber = WeightSubscriber(self.store, base_weights=base)
+        if cfg.weight_sync == "collective":
+            from coati_relay.weight_sync_collective import CollectiveSubscriber
+
+            self.subscriber = CollectiveSubscriber(self.store, weight_addr, weight_port, self.index + 1,
+                                                   cfg.num_producers + 1, self.start_version, cfg.timeout_s, base)
+        else:
+            self.subscriber = WeightSubscriber(self.store, base_weights=base)
         self._load_version(self.start_version, timeout_s=self.cfg.timeout_s)
         return {"producer": self.name, "setup_s": time.perf_counter() - t0, "backend": cfg.inference_backend}
 

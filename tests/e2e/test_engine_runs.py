@@ -135,3 +135,16 @@ def test_killed_producer_work_moves_to_the_others(ray_cluster, tiny_model_path, 
     c = result.counters
     assert c["dead_producers"] == ["producer-0"]
     assert c["consumed"] == 8 * 2 and c["produced"] == c["consumed"] + c["dropped"] + c["in_flight"]
+
+
+def test_collective_weight_sync(ray_cluster, tiny_model_path, data, tmp_path):
+    """The second WeightSync: consumer rank 0 broadcasts each version over gloo to both producers."""
+    from coati_relay import launch_distributed
+
+    result = launch_distributed(**run_kwargs(tiny_model_path, data, tmp_path / "coll", backend="transformers",
+                                             rounds=4, weight_sync="collective"))
+    assert [h["version"] for h in result.history] == [1, 2, 3, 4]
+    assert all(h["rollout_version_min"] == h["version"] - 1 for h in result.history), "lock-step over broadcasts"
+    assert result.history[0]["weight_bytes"] > 0
+    start, end = _rose(result.history)
+    assert end > start, "training still moves the reward with broadcast weights"

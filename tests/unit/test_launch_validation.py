@@ -106,6 +106,9 @@ BAD = [
     ("bad-failure-policy", lambda f: {"on_producer_failure": "ignore"}, ["on_producer_failure"]),
     ("config-not-dict", lambda f: {"grpo_config": ["lr", 1]}, ["grpo_config must be a dict"]),
     ("critic-without-ppo", lambda f: {"critic_model_config": {"path": f["model"]}}, ["critic_model_config"]),
+    ("unknown-weight-sync", lambda f: {"weight_sync": "nccl"}, ["weight_sync", "collective"]),
+    ("collective-sync-cannot-continue", lambda f: {"weight_sync": "collective", "on_producer_failure": "continue"},
+     ["every broadcast"]),
     ("tensor-parallel-producer-on-cpu", lambda f: {"num_proc_per_producer": 2}, ["num_proc_per_producer"]),
 ]
 

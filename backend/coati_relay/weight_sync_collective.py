@@ -1,0 +1,154 @@
+"""WeightSync over a collective: consumer rank 0 broadcasts each version to every producer (gloo).
+
+The second implementation of the WeightSync seam (the first puts one copy in the object store). The bytes go rank 0
+-> producers over a process group of their own (rank 0: the publishing consumer, rank i+1: producer i), created
+directly on a TCP store so that it lives beside the consumers' data-parallel group. The weight-store actor still
+announces each version (its dtype table and sizes), so a producer knows what to receive.
+
+Every producer must receive every version: a thread in each producer joins each broadcast as soon as it is
+announced and keeps the newest tensors, which the producer loads between generations. A dead producer therefore
+stalls the broadcast until the group's timeout; runs with this sync stop on the first producer failure.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from coati_relay.weight_sync import flatten_state_dict, merge_lora, unflatten_state_dict
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 10.0
+
+
+def open_weight_group(addr: str, port: int, rank: int, world_size: int, timeout_s: float):
+    """The broadcast group: rank 0 hosts the TCP store; blocks until all ``world_size`` ranks joined."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore(addr, port, world_size, is_master=rank == 0, timeout=timeout)
+    return dist.ProcessGroupGloo(dist.PrefixStore("coati-relay-weights", store), rank, world_size, timeout)
+
+
+def _adapters_as_tensors(adapters) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
+    tensors, scalings = {}, {}
+    for name, (a, b, scaling) in adapters.items():
+        tensors[name + "::A"], tensors[name + "::B"] = a, b
+        scalings[name] = scaling
+    return tensors, scalings
+
+
+def _broadcast(group, buffers: Dict[str, torch.Tensor]) -> None:
+    """Broadcasts (rank 0) or receives into (others) each buffer, as raw bytes: gloo lacks some dtypes (bf16)."""
+    for dt in sorted(buffers):
+        group.broadcast(buffers[dt].view(torch.uint8), 0).wait()
+
+
+class CollectivePublisher:
+    """Consumer rank 0: announce version v in the weight store, then broadcast its bytes."""
+
+    def __init__(self, store, addr: str, port: int, world_size: int, timeout_s: float):
+        self.store = store
+        self.group = open_weight_group(addr, port, 0, world_size, timeout_s)
+
+    def publish(self, version: int, tensors: Optional[Dict[str, torch.Tensor]] = None, adapters=None,
+                timeout_s: float = 120.0) -> Dict[str, float]:
+        import ray
+
+        if (tensors is None) == (adapters is None):
+            raise ValueError("CollectivePublisher.publish: pass exactly one of tensors= or adapters=")
+        t0 = time.perf_counter()
+        scalings = None
+        if adapters is not None:
+            tensors, scalings = _adapters_as_tensors(adapters)
+        buffers, meta = flatten_state_dict(tensors)
+        sizes = {dt: b.numel() for dt, b in buffers.items()}
+        nbytes = sum(b.numel() * b.element_size() for b in buffers.values())
+        header = ray.put((meta, sizes, scalings))
+        kind = "full" if scalings is None else "lora"
+        ray.get(self.store.publish.remote(version, [header], kind, nbytes), timeout=timeout_s)
+        _broadcast(self.group, buffers)
+        return {"weight_publish_s": time.perf_counter() - t0, "weight_bytes": float(nbytes)}
+
+
+class CollectiveSubscriber:
+    """Producer i (rank i+1): a thread receives every version; `fetch` hands out the newest one."""
+
+    def __init__(self, store, addr: str, port: int, rank: int, world_size: int, first_version: int,
+                 timeout_s: float, base_weights: Optional[Dict[str, torch.Tensor]] = None):
+        self.store = store
+        self.base_weights = base_weights
+        self.timeout_s = timeout_s
+        self.group = open_weight_group(addr, port, rank, world_size, timeout_s)
+        self.last_wait_s = self.last_transfer_s = 0.0
+        self._latest: Optional[Tuple[int, Dict[str, torch.Tensor], float]] = None
+        self._error: Optional[BaseException] = None
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._receive_forever, args=(first_version,), daemon=True,
+                                        name="coati-relay-weight-receiver")
+        self._thread.start()
+
+    def _receive_forever(self, version: int) -> None:
+        import ray
+
+        try:
+            while True:  # the thread lives as long as its producer actor; each wait is bounded
+                try:
+                    pub = ray.get(self.store.wait_for.remote(version, _POLL_S), timeout=_POLL_S + 30)
+                except TimeoutError:
+                    continue
+                if pub.version != version:
+                    raise RuntimeError(f"collective weight sync: expected version {version}, the store announced "
+                                       f"{pub.version}; every version must be broadcast in order")
+                meta, sizes, scalings = ray.get(pub.payload[0])
+                t0 = time.perf_counter()
+                buffers = {dt: torch.empty(n, dtype=_dtype(dt)) for dt, n in sizes.items()}
+                _broadcast(self.group, buffers)
+                tensors = unflatten_state_dict(buffers, meta)
+                if scalings is not None:
+                    tensors = self._merge(tensors, scalings)
+                with self._changed:
+                    self._latest = (version, tensors, time.perf_counter() - t0)
+                    self._changed.notify_all()
+                version += 1
+        except BaseException as exc:  # surfaces in fetch(); the thread ends with the actor otherwise
+            with self._changed:
+                self._error = exc
+                self._changed.notify_all()
+
+    def _merge(self, tensors: Dict[str, torch.Tensor], scalings: Dict[str, float]) -> Dict[str, torch.Tensor]:
+        if self.base_weights is None:
+            raise RuntimeError("CollectiveSubscriber: LoRA-only weights published but no base weights were given")
+        adapters = {name: (tensors[name + "::A"], tensors[name + "::B"], s) for name, s in scalings.items()}
+        return merge_lora(self.base_weights, adapters)
+
+    def fetch(self, min_version: int, timeout_s: float = 300.0) -> Tuple[int, Dict[str, torch.Tensor]]:
+        """Blocks (at most ``timeout_s``) until a version ``>= min_version`` arrived; returns the newest."""
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while self._error is None and (self._latest is None or self._latest[0] < min_version):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    have = None if self._latest is None else self._latest[0]
+                    raise TimeoutError(f"collective weight sync: waited {timeout_s:.1f}s for version >= "
+                                       f"{min_version}, newest received is {have}")
+                self._changed.wait(timeout=left)
+            if self._error is not None:
+                raise RuntimeError(f"collective weight sync failed: {self._error}") from self._error
+            version, tensors, transfer_s = self._latest
+        self.last_wait_s, self.last_transfer_s = time.perf_counter() - t0, transfer_s
+        return version, tensors
+
+
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"collective weight sync: unknown dtype {name!r}")
+    return dtype

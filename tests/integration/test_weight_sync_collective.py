@@ -1,0 +1,51 @@
+"""Collective WeightSync: rank 0 broadcasts every version over gloo; subscribers receive each one in order."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from coati_relay.training.distributed import free_port
+from coati_relay.weight_sync import make_weight_store
+from coati_relay.weight_sync_collective import CollectivePublisher, CollectiveSubscriber
+
+pytestmark = pytest.mark.slow
+
+
+def _pair(store, base=None, first_version=1):
+    """A publisher (rank 0) and a subscriber (rank 1) in this process; each constructor waits for the other."""
+    port = free_port()
+    made = {}
+    sub = threading.Thread(target=lambda: made.setdefault("sub", CollectiveSubscriber(
+        store, "127.0.0.1", port, 1, 2, first_version, timeout_s=60, base_weights=base)))
+    sub.start()
+    pub = CollectivePublisher(store, "127.0.0.1", port, 2, timeout_s=60)
+    sub.join(timeout=60)
+    return pub, made["sub"]
+
+
+def test_every_version_arrives_with_its_dtypes(ray_cluster):
+    pub, sub = _pair(make_weight_store())
+    with pytest.raises(TimeoutError, match="version >= 1"):
+        sub.fetch(1, timeout_s=0.5)
+    sd = {"w": torch.randn(3, 4), "h": torch.randn(5).bfloat16(), "n": torch.arange(4)}
+    stats = pub.publish(1, tensors=sd)
+    assert stats["weight_bytes"] == 12 * 4 + 5 * 2 + 4 * 8
+    version, got = sub.fetch(1, timeout_s=30)
+    assert version == 1
+    for k, v in sd.items():
+        assert got[k].dtype == v.dtype and torch.equal(got[k], v)
+    pub.publish(2, tensors={k: v + 1 for k, v in sd.items()})
+    version, got = sub.fetch(2, timeout_s=30)
+    assert version == 2 and torch.equal(got["n"], sd["n"] + 1)
+
+
+def test_lora_adapters_are_merged_onto_the_base(ray_cluster):
+    base = {"w": torch.zeros(2, 3)}
+    pub, sub = _pair(make_weight_store(), base=base)
+    pub.publish(1, adapters={"w": (torch.ones(1, 3), torch.ones(2, 1), 0.5)})
+    _, got = sub.fetch(1, timeout_s=30)
+    assert torch.equal(got["w"], torch.full((2, 3), 0.5)) and torch.equal(base["w"], torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="exactly one"):
+        pub.publish(2)
