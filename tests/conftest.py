@@ -13,6 +13,18 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models on 2 shared cores: one thread each is fastest
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models on a shared two-core host: one intra-op thread is faster and steadier than two (also when
+    OMP_NUM_THREADS was set to something else before the run)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A local Ray cluster shared by every test of the session (start ~4.5 s, shutdown ~1.3 s)."""

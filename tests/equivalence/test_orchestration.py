@@ -27,15 +27,6 @@ TIMEOUT = 300
 PROMPT, MAX_LEN, ITEMS_PER_STEP, STEPS, BATCH = 4, 8, 3, 4, 2
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models on a shared two-core host: one intra-op thread is faster and steadier than two."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class EventFile:
     """Appends ``[hook, argument, batch ids]`` lines to a file (the callbacks run inside the actors)."""
 

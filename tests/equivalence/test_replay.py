@@ -24,15 +24,6 @@ STEPS, BATCH, PROMPT, ACTIONS, EOS, PAD = 24, 4, 8, 8, 1, 0
 RTOL, ATOL = 1e-5, 1e-6
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models on a shared two-core host: one intra-op thread is faster and steadier than two."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def models():
     torch.manual_seed(0)
     cfg = tiny_config("llama")

@@ -28,15 +28,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 SEQ, ACT = 6, 3
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models on a shared two-core host: one intra-op thread is faster and steadier than two."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_batch(ids) -> Experience:
     """An Experience whose row k is tagged with ids[k] in every sequence token."""
     ids = torch.as_tensor(ids, dtype=torch.long)
