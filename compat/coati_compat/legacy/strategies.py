@@ -5,6 +5,8 @@
 Without CUDA, LowLevelZero and Gemini train with ``"ddp"`` (one RuntimeWarning per plugin) and process groups use
 gloo. ``unwrap_model`` follows the reference version: the Hugging Face model for an ``Actor``, the ``Critic``
 wrapper for a critic, so that pushed state-dict keys are HF keys (actor) and ``Critic`` keys (critic).
+Where the plugin in use keeps no fp32 master weights (naive, ddp, every CPU fallback), ``prepare`` gives fp16/bf16
+models an optimizer over fp32 masters with the strategy's loss scale (`coati_compat.legacy.master_weights`).
 Deviations from the legacy code: ``save_model(model, path, only_rank0=False)`` (the final version read the third
 argument as ``shard``); LowLevelZero's state-dict shards use the generic path (the legacy one called a method that
 does not exist); a module without trainable parameters is not wrapped (DDP rejects it).
@@ -27,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from coati_compat.deprecations import deprecated_api
+from coati_compat.legacy.master_weights import find_master_optimizer, with_master_weights
 from coati_compat.legacy.model_base import Actor
 from coati_relay.training.plugins import build_plugin, resolve_plugin
 
@@ -99,8 +102,9 @@ class Strategy(ABC):
     methods. ``plugin_name`` is the engine plugin actually used (None: no booster)."""
 
     def __init__(self, plugin: Optional[str] = None, plugin_options: Optional[Dict[str, Any]] = None,
-                 seed: int = 42) -> None:
+                 seed: int = 42, loss_scale: Optional[Dict[str, Any]] = None) -> None:
         self.seed = seed
+        self.loss_scale_options: Dict[str, Any] = dict(loss_scale or {})
         self.plugin_name: Optional[str] = None
         self.plugin_options: Dict[str, Any] = {}
         if plugin is not None:
@@ -120,7 +124,14 @@ class Strategy(ABC):
     def model_init_context(self) -> ContextManager[None]:
         return contextlib.nullcontext()
 
+    @property
+    def keeps_master_weights(self) -> bool:
+        """True when the plugin in use keeps fp32 master weights itself (LowLevelZero and Gemini on CUDA)."""
+        return self.plugin_name in ("zero2", "gemini")
+
     def _boost(self, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None) -> List[Any]:
+        if not self.keeps_master_weights:
+            optimizer = with_master_weights(optimizer, **self.loss_scale_options)
         if self.booster is None or (optimizer is None and not _has_trainable(model)):
             return [model, optimizer, None, None, None]
         return self.booster.boost(model=model, optimizer=optimizer)
@@ -139,6 +150,8 @@ class Strategy(ABC):
                 kwargs = {k: v for k, v in arg.items() if v is not None}
                 if "model" not in kwargs:
                     raise ValueError(f"prepare: a dict argument needs a 'model' entry, got keys {sorted(arg)}")
+                if "optimizer" in kwargs and not self.keeps_master_weights:
+                    kwargs["optimizer"] = with_master_weights(kwargs["optimizer"], **self.loss_scale_options)
                 boosted = (self.booster.boost(**kwargs) if self.booster is not None
                            else [kwargs.get(k) for k in ("model", "optimizer", "criterion", "dataloader",
                                                          "lr_scheduler")])
@@ -149,6 +162,10 @@ class Strategy(ABC):
         return results[0] if len(results) == 1 else results
 
     def backward(self, loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer, **kwargs: Any) -> None:
+        """``loss.backward()`` through the booster; times the fp16 loss scale when the optimizer keeps masters."""
+        master = find_master_optimizer(optimizer)
+        if master is not None:
+            loss = master.scale_loss(loss)
         if self.booster is None:
             loss.backward()
         else:
@@ -259,11 +276,16 @@ class DDPStrategy(Strategy):
         return DistributedSampler(dataset, dist.get_world_size(), dist.get_rank())
 
 
+_LOSS_SCALE_KEYS = ("initial_scale", "growth_factor", "backoff_factor", "growth_interval", "hysteresis",
+                    "min_scale", "max_scale")
+
+
 class _ColossalStrategy(DDPStrategy):
     """LowLevelZero and Gemini: ``colossalai.launch_from_torch`` on CUDA; the ddp path after a CPU fallback."""
 
     def __init__(self, plugin: str, options: Dict[str, Any], seed: int) -> None:
-        Strategy.__init__(self, plugin=plugin, plugin_options=options, seed=seed)
+        loss_scale = {k: options[k] for k in _LOSS_SCALE_KEYS}
+        Strategy.__init__(self, plugin=plugin, plugin_options=options, seed=seed, loss_scale=loss_scale)
 
     def setup_distributed(self) -> None:
         if self.plugin_name == "ddp" or dist.is_initialized():

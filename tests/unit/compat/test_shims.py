@@ -1,6 +1,7 @@
 """The legacy Ray roles as plain classes: replay buffer, trainer and maker implementations, the Ray-class facade."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -447,16 +448,23 @@ def test_namespace_error_names_the_variable(monkeypatch):
         remote.legacy_namespace()
 
 
-def test_device_redirect_keeps_cuda_calls_on_the_cpu():
+@pytest.mark.parametrize("keep_half", ["", "1"])
+def test_device_redirect_keeps_cuda_calls_on_the_cpu(keep_half):
+    dtype = "torch.float16" if keep_half else "torch.float32"
     code = ("import torch, warnings\n"
             "from coati_compat.shims import device_redirect as d\n"
             "with warnings.catch_warnings(record=True) as w:\n"
             "    warnings.simplefilter('always')\n"
             "    assert d.install()\n"
             "    t = torch.ones(2).cuda(); m = torch.nn.Linear(2, 2).half().cuda()\n"
+            "    b = torch.nn.Linear(2, 2).bfloat16(); h = torch.ones(2).half()\n"
             "    x = torch.randint(5, (3,), device=torch.cuda.current_device()); torch.cuda.set_device(0)\n"
-            "assert t.device.type == x.device.type == 'cpu' and m.weight.dtype == torch.float16\n"
-            "print(sum('redirected to the CPU' in str(i.message) for i in w))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+            "assert t.device.type == x.device.type == 'cpu' and h.dtype == torch.float16\n"
+            f"assert m.weight.dtype == {dtype}, m.weight.dtype\n"
+            "assert b.weight.dtype == (torch.bfloat16 if m.weight.dtype == torch.float16 else torch.float32)\n"
+            "print(sum('redirected to the CPU' in str(i.message) for i in w),"
+            " sum('keep fp32' in str(i.message) for i in w))\n")
+    env = dict(os.environ, COATI_RELAY_KEEP_HALF_ON_CPU=keep_half)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "1"  # one warning for all the calls
+    assert out.stdout.split() == ["1", "0" if keep_half else "1"]  # one warning per redirect, for all the calls
