@@ -125,12 +125,23 @@ def _build_table() -> Dict[str, Deprecation]:
         "ExperienceMaker": "a producer of " + launch,
         "NaiveExperienceMaker": "a producer of " + launch + " with core_algo='PPO'",
     })
-    modules("coati_compat.legacy.experience", "coati_relay.rollout.Rollout", "coati.experience_buffer.utils")
+    modules("coati_compat.legacy.experience", "coati_relay.rollout.Rollout", "coati.experience_buffer.utils",
+            "coati.replay_buffer.utils")
     names("coati.experience_buffer.utils", "coati_compat.legacy.experience", {
         "BufferItem": "one row of coati_relay.rollout.Rollout",
         "split_experience_batch": "coati_relay.rollout.Rollout.select_prompts",
         "make_experience_batch": "coati_relay.rollout.Rollout.concat",
+        "zero_pad_sequences": "torch.nn.utils.rnn.pad_sequence",
     })
+    # coati.replay_buffer (reference version) and coati.experience_buffer (final release): in-process buffers.
+    buffers = "the engine's rollout queue, which launch_distributed sets up (coati_relay.rollout_queue)"
+    modules("coati_compat.legacy.replay_buffer", buffers, "coati.replay_buffer", "coati.replay_buffer.base",
+            "coati.replay_buffer.naive", "coati.experience_buffer", "coati.experience_buffer.base",
+            "coati.experience_buffer.naive")
+    names("coati.replay_buffer", "coati_compat.legacy.replay_buffer",
+          {"ReplayBuffer": buffers, "NaiveReplayBuffer": buffers})
+    names("coati.experience_buffer", "coati_compat.legacy.replay_buffer",
+          {"ExperienceBuffer": buffers, "NaiveExperienceBuffer": buffers})
 
     # coati.trainer.strategies: the strategies, mapped onto the engine's plugins.
     modules("coati_compat.legacy.strategies", plugins, "coati.trainer.strategies",
@@ -163,6 +174,10 @@ def _build_table() -> Dict[str, Deprecation]:
     names("coati.models.loss", "coati_compat.legacy.losses", {
         "PolicyLoss": "coati_relay.algorithms policy loss",
         "ValueLoss": "coati_relay.algorithms value loss",
+        "GPTLMLoss": "torch.nn.functional.cross_entropy over shifted logits",
+        "PPOPtxActorLoss": "coati_relay.algorithms policy loss plus your own language-model loss term",
+        "LogSigLoss": "-torch.nn.functional.logsigmoid(chosen - rejected).mean()",
+        "LogExpLoss": "torch.nn.functional.softplus(rejected - chosen).mean()",
     })
     modules("coati_compat.legacy.rl_functions", "coati_relay.algorithms", "coati.models.utils")
     names("coati.models.utils", "coati_compat.legacy.rl_functions", {
@@ -171,6 +186,9 @@ def _build_table() -> Dict[str, Deprecation]:
         "log_probs_from_logits": "coati_relay.algorithms",
         "calc_action_log_probs": "coati_relay.algorithms",
         "masked_mean": "coati_relay.algorithms.masked.masked_mean",
+        "masked_normalize": "coati_relay.algorithms.masked.whiten",
+        "normalize": "(x - x.mean(dim)) / x.std(dim, unbiased=False)",
+        "convert_to_lora": "peft.get_peft_model(model, peft.LoraConfig(...))",
     })
     modules("coati_compat.legacy.generation", "vLLM or transformers generate through " + launch,
             "coati.models.generation")

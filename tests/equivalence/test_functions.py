@@ -160,7 +160,7 @@ def _lora_models(seed: int, rank: int, alpha: int):
     """A trainer MLP with LoRA layers (one fan_in_fan_out) and a maker copy of its dense base weights."""
     torch.manual_seed(seed)
     trainer = nn.Sequential(nn.Linear(12, 10), nn.ReLU(), nn.Linear(10, 6))
-    base = torch.randn(6, 8)  # an [in, out] weight, as GPT-2's Conv1D stores it
+    base = torch.randn(8, 6)  # [out, in]; fan_in_fan_out stores it as [in, out], as GPT-2's Conv1D does
     maker = nn.Sequential(nn.Linear(12, 10), nn.ReLU(), nn.Linear(10, 6),
                           LoraLinear(nn.Parameter(base.clone()), None, r=0, fan_in_fan_out=True))
     maker[:3].load_state_dict(trainer.state_dict())

@@ -1,5 +1,6 @@
-"""Legacy ``Experience`` (``coati.experience_maker``) and ``coati.experience_buffer.utils``: ``BufferItem``,
-``split_experience_batch`` and ``make_experience_batch``.
+"""Legacy ``Experience`` (``coati.experience_maker``) and ``coati.experience_buffer.utils`` (``coati.replay_buffer.utils``
+in the reference version): ``BufferItem``, ``split_experience_batch``, ``zero_pad_sequences`` and
+``make_experience_batch``.
 
 Shapes: B samples, S tokens per sequence, A action tokens. ``advantages`` is [B,1] as the maker produces it.
 Merging keeps the legacy rules: ``action_log_probs`` and ``action_mask`` are zero-padded on the *left* to the
@@ -83,9 +84,14 @@ def split_experience_batch(experience: Experience) -> List[BufferItem]:
     return [BufferItem(**{key: columns[key][i] for key in KEYS}) for i in range(batch_size)]
 
 
-def _left_pad(tensors: List[torch.Tensor]) -> torch.Tensor:
-    """Zero-pads 1-D tensors on the left to the longest and stacks them: [N, max_len]."""
-    flipped = pad_sequence([t.flip(0) for t in tensors], batch_first=True, padding_value=0)
+@deprecated_api("coati.experience_buffer.utils.zero_pad_sequences")
+def zero_pad_sequences(sequences: List[torch.Tensor], side: str = "left") -> torch.Tensor:
+    """Zero-pads 1-D tensors on ``side`` (left | right) to the longest and stacks them: [N, max_len]."""
+    if side not in ("left", "right"):
+        raise ValueError(f"side must be 'left' or 'right', got {side!r}")
+    if side == "right":
+        return pad_sequence(list(sequences), batch_first=True, padding_value=0)
+    flipped = pad_sequence([t.flip(0) for t in sequences], batch_first=True, padding_value=0)
     return flipped.flip(1)
 
 
@@ -96,7 +102,7 @@ def _stack(key: str, values: List[Optional[torch.Tensor]]) -> Optional[torch.Ten
     if not all(present):
         raise ValueError(f"make_experience_batch: {key} is None in some items only; give it to all or none")
     if key in _LEFT_PADDED:
-        return _left_pad(values)
+        return zero_pad_sequences(values)
     shapes = {tuple(v.shape) for v in values}
     if len(shapes) > 1:
         raise ValueError(f"make_experience_batch: items have {key} of shapes {sorted(shapes)}; the legacy batching "

@@ -28,9 +28,14 @@ _TRAIN_BIAS = ("none", "all", "lora_only")
 class LoraLinear(nn.Module):
     """A linear layer ``y = x W^T + b + scaling * dropout(x) A^T B^T`` with a frozen ``W`` and trainable A, B.
 
-    weight: [out, in] ([in, out] with ``fan_in_fan_out``); lora_A: [r, in]; lora_B: [out, r] (zero-initialised, so
-    the layer starts equal to the plain linear); scaling = lora_alpha / r. With ``merge_weights``, eval mode folds
-    the delta into ``W`` and train mode takes it out again.
+    weight: [out, in], as an ``nn.Linear`` holds it; with ``fan_in_fan_out`` the layer stores it transposed,
+    [in, out], and transposes it back in the forward pass, as the legacy layer did. lora_A: [r, in]; lora_B:
+    [out, r] (zero-initialised, so the layer starts equal to the plain linear); scaling = lora_alpha / r.
+
+    ``merge_weights`` keeps the legacy merge: calling ``eval()`` *on this layer* folds ``scaling * B @ A`` into the
+    weight and drops ``lora_A``/``lora_B``; the next ``train()`` (either mode) starts a fresh adapter (A random,
+    B zero) over the merged weight. ``eval()`` of a parent module reaches layers as ``train(False)``, which merges
+    nothing.
     """
 
     def __init__(self, weight: nn.Parameter, bias: Optional[nn.Parameter], r: int = 0, lora_alpha: int = 1,
@@ -46,27 +51,44 @@ class LoraLinear(nn.Module):
         self.merge_weights = merge_weights
         self.merged = False
         self.lora_dropout = nn.Dropout(lora_dropout) if lora_dropout > 0 else nn.Identity()
-        out_features, in_features = self._t(weight).shape
+        self.out_features, self.in_features = weight.shape
         if r > 0:  # a rank above min(in, out) is allowed, as in the legacy code (e.g. a critic's 1-row value head)
-            self.lora_A = nn.Parameter(weight.new_empty(r, in_features))
-            self.lora_B = nn.Parameter(weight.new_zeros(out_features, r))
-            nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+            self._new_adapter()
             self.scaling = lora_alpha / r
             self.weight.requires_grad_(False)
+        if fan_in_fan_out:
+            self.weight.data = self.weight.data.T
+
+    def _new_adapter(self) -> None:
+        self.lora_A = nn.Parameter(self.weight.new_empty(self.r, self.in_features))
+        self.lora_B = nn.Parameter(self.weight.new_zeros(self.out_features, self.r))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
 
     def _t(self, w: torch.Tensor) -> torch.Tensor:
         return w.T if self.fan_in_fan_out else w
 
     def delta_weight(self) -> torch.Tensor:
-        """``scaling * B @ A`` in the layout of ``weight``."""
+        """``scaling * B @ A`` in the stored layout of ``weight``."""
         return self._t(self.lora_B @ self.lora_A) * self.scaling
 
     def train(self, mode: bool = True) -> "LoraLinear":
         super().train(mode)
-        if self.r > 0 and self.merge_weights and self.merged == mode:
-            with torch.no_grad():
-                self.weight.add_(self.delta_weight(), alpha=-1.0 if mode else 1.0)
-            self.merged = not mode
+        if self.merge_weights and self.merged:
+            if self.r > 0:
+                if hasattr(self, "lora_A") and hasattr(self, "lora_B"):
+                    self.weight.data -= self.delta_weight()
+                else:
+                    self._new_adapter()
+            self.merged = False
+        return self
+
+    def eval(self) -> "LoraLinear":
+        super().eval()
+        if self.merge_weights and not self.merged:
+            if self.r > 0:
+                self.weight.data += self.delta_weight()
+                del self.lora_A, self.lora_B
+            self.merged = True
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
-"""Legacy ``coati.models.loss``: ``PolicyLoss`` and ``ValueLoss`` as used by the Ray PPO trainer.
+"""Legacy ``coati.models.loss``: ``PolicyLoss`` and ``ValueLoss`` as used by the Ray PPO trainer, and the other
+losses of the module (``GPTLMLoss``, ``PPOPtxActorLoss``, the pairwise reward-model losses).
 
-Both are thin modules over ``coati_relay.algorithms.policy_loss`` / ``value_loss`` with the legacy settings:
-sample-level aggregation, a symmetric clip, no KL term, and a value loss that ignores its mask.
+``PolicyLoss`` and ``ValueLoss`` are thin modules over ``coati_relay.algorithms.policy_loss`` / ``value_loss`` with
+the legacy settings: sample-level aggregation, a symmetric clip, no KL term, and a value loss that ignores its mask.
 """
 from __future__ import annotations
 
@@ -43,3 +44,55 @@ class ValueLoss(nn.Module):
                 action_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """values, old_values, reward: [B] (the KL-shaped reward is the return). -> scalar."""
         return value_loss(values, old_values, reward, clip_eps=self.clip_eps)
+
+
+@deprecated_api("coati.models.loss.GPTLMLoss")
+class GPTLMLoss(nn.Module):
+    """Next-token cross-entropy: position t of ``logits`` predicts token t+1 of ``labels``, averaged over every
+    position (no ignore mask beyond cross-entropy's default ``ignore_index=-100``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loss = nn.CrossEntropyLoss()
+
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """logits: [B,S,V]; labels: [B,S]. -> scalar."""
+        predicted = logits[..., :-1, :].reshape(-1, logits.size(-1))
+        return self.loss(predicted, labels[..., 1:].reshape(-1))
+
+
+@deprecated_api("coati.models.loss.PPOPtxActorLoss")
+class PPOPtxActorLoss(nn.Module):
+    """PPO-ptx: the clipped policy loss plus ``pretrain_coef`` times a language-model loss on pre-training data."""
+
+    def __init__(self, policy_clip_eps: float = 0.2, pretrain_coef: float = 0.0,
+                 pretrain_loss_fn: Optional[nn.Module] = None) -> None:
+        super().__init__()
+        self.pretrain_coef = pretrain_coef
+        self.policy_loss_fn = PolicyLoss(clip_eps=policy_clip_eps)
+        self.pretrain_loss_fn = pretrain_loss_fn if pretrain_loss_fn is not None else GPTLMLoss()
+
+    def forward(self, log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+                lm_logits: torch.Tensor, lm_input_ids: torch.Tensor,
+                action_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """log-probs: [B,A]; advantages: [B,1]; lm_logits: [B',S,V]; lm_input_ids: [B',S]. -> scalar."""
+        policy = self.policy_loss_fn(log_probs, old_log_probs, advantages, action_mask=action_mask)
+        return policy + self.pretrain_coef * self.pretrain_loss_fn(lm_logits, lm_input_ids)
+
+
+@deprecated_api("coati.models.loss.LogSigLoss")
+class LogSigLoss(nn.Module):
+    """Pairwise reward-model loss ``-mean(log(sigmoid(chosen - rejected)))``."""
+
+    def forward(self, chosen_reward: torch.Tensor, reject_reward: torch.Tensor) -> torch.Tensor:
+        """chosen_reward, reject_reward: [B]. -> scalar."""
+        return -torch.log(torch.sigmoid(chosen_reward - reject_reward)).mean()
+
+
+@deprecated_api("coati.models.loss.LogExpLoss")
+class LogExpLoss(nn.Module):
+    """Pairwise reward-model loss ``mean(log(1 + exp(rejected - chosen)))``."""
+
+    def forward(self, chosen_reward: torch.Tensor, reject_reward: torch.Tensor) -> torch.Tensor:
+        """chosen_reward, reject_reward: [B]. -> scalar."""
+        return torch.log(1 + torch.exp(reject_reward - chosen_reward)).mean()

@@ -1,4 +1,5 @@
-"""Legacy ``coati.models.utils``: log-probs of actions, masked mean, KL estimate and KL-shaped reward.
+"""Legacy ``coati.models.utils``: log-probs of actions, masked mean and normalisation, KL estimate, KL-shaped
+reward, and ``convert_to_lora``.
 
 The formulas come from ``coati_relay.algorithms``, so the legacy maker and the engine share one implementation.
 """
@@ -8,6 +9,7 @@ from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from coati_compat.deprecations import deprecated_api
 from coati_relay.algorithms import kl_k3, legacy_kl_shaped_reward
@@ -57,5 +59,60 @@ def action_log_probs(logits: torch.Tensor, sequences: torch.Tensor, num_actions:
 
 @deprecated_api("coati.models.utils.calc_action_log_probs")
 def calc_action_log_probs(output: Any, sequences: torch.Tensor, num_actions: int) -> torch.Tensor:
-    """Legacy form of :func:`action_log_probs` taking a model output (``output["logits"]``: [B,S,V])."""
-    return action_log_probs(output["logits"], sequences, num_actions)
+    """:func:`action_log_probs` in both legacy call forms: the final release passed the logits ([B,S,V]), the
+    reference version the model output (``output["logits"]``)."""
+    if isinstance(output, torch.Tensor):
+        return action_log_probs(output, sequences, num_actions)
+    try:
+        logits = output["logits"]
+    except (KeyError, TypeError, IndexError) as exc:
+        raise TypeError("calc_action_log_probs takes the logits [B,S,V] or a model output with 'logits'; got "
+                        f"{type(output).__name__}") from exc
+    return action_log_probs(logits, sequences, num_actions)
+
+
+@deprecated_api("coati.models.utils.masked_normalize")
+def masked_normalize(tensor: torch.Tensor, mask: torch.Tensor, dim: int = 1, eps: float = 1e-8) -> torch.Tensor:
+    """Whitening over the masked entries along ``dim``: ``(x*m - mean) / sqrt(max(var, eps))`` with the masked
+    mean and variance, as the legacy code computed them. tensor, mask: [B,A]; returns [B,A].
+
+    The legacy broadcast is kept: the [B] statistics of ``dim=1`` broadcast against the last dimension, which is
+    only shape-correct for square inputs or ``B == 1``; other shapes raise as they did.
+    """
+    tensor = tensor * mask
+    mean = _masked_mean(tensor, mask, dim=dim)
+    centred = tensor - mean
+    var = _masked_mean(centred ** 2, mask, dim=dim)
+    return centred * var.clamp(min=eps).rsqrt()
+
+
+@deprecated_api("coati.models.utils.normalize")
+def normalize(tensor: torch.Tensor, dim: int = 0, eps: float = 1e-8) -> torch.Tensor:
+    """``(x - mean) / sqrt(max(var, eps))`` along ``dim`` (population variance). tensor: [B,...]."""
+    centred = tensor - tensor.mean(dim)
+    return centred * (centred ** 2).mean(dim).clamp(min=eps).rsqrt()
+
+
+@deprecated_api("coati.models.utils.convert_to_lora")
+def convert_to_lora(model: nn.Module, input_size: int, output_size: int, lora_rank: int = 16, lora_alpha: int = 1,
+                    lora_dropout: float = 0.0, fan_in_fan_out: bool = False, merge_weights: bool = True) -> nn.Module:
+    """Turns every ``nn.Linear`` of ``model`` with ``input_size`` inputs and ``output_size`` outputs into a
+    ``LoraLinear`` of rank ``lora_rank`` over its existing weight, in place; returns ``model``.
+
+    The legacy function attached a fresh, randomly initialised LoRA layer *inside* each linear, where no forward
+    pass used it (migration_guide/deviations.md); this one replaces the layers it evidently meant to. A rank above
+    ``min(input_size, output_size)`` raises ValueError, as it did.
+    """
+    if lora_rank > min(input_size, output_size):
+        raise ValueError(f"LoRA rank {lora_rank} must be less or equal than {min(input_size, output_size)}")
+    from coati_compat.legacy.lora import LoraLinear
+
+    targets = [(name, sub) for name, sub in model.named_modules()
+               if type(sub) is nn.Linear and (sub.in_features, sub.out_features) == (input_size, output_size)]
+    for name, linear in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, LoraLinear(linear.weight, linear.bias, r=lora_rank, lora_alpha=lora_alpha,
+                                          lora_dropout=lora_dropout, fan_in_fan_out=fan_in_fan_out,
+                                          merge_weights=merge_weights))
+    return model

@@ -39,3 +39,44 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, reward: torch.Ten
     """
     v_clipped = old_values + torch.clamp(values - old_values, min=-clip_eps, max=clip_eps)
     return 0.5 * torch.maximum((v_clipped - reward) ** 2, (values - reward) ** 2).mean()
+
+
+def gpt_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Legacy ``GPTLMLoss``: mean cross-entropy of logits[:, t] against labels[:, t+1]. logits [B,S,V]. -> scalar."""
+    log_probs = torch.log_softmax(logits[:, :-1, :].float(), dim=-1)
+    picked = log_probs.gather(-1, labels[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return -picked.mean()
+
+
+def ppo_ptx_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+                 lm_logits: torch.Tensor, lm_input_ids: torch.Tensor, action_mask: Optional[torch.Tensor] = None,
+                 clip_eps: float = 0.2, pretrain_coef: float = 0.0) -> torch.Tensor:
+    """Legacy ``PPOPtxActorLoss``: policy loss + pretrain_coef * GPT LM loss. -> scalar."""
+    return (policy_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps)
+            + pretrain_coef * gpt_lm_loss(lm_logits, lm_input_ids))
+
+
+def log_sig_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """Legacy ``LogSigLoss``: -mean(log sigmoid(chosen - rejected)). chosen, rejected: [B]. -> scalar."""
+    return -torch.log(1.0 / (1.0 + torch.exp(rejected - chosen))).mean()
+
+
+def log_exp_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """Legacy ``LogExpLoss``: mean(log(1 + exp(rejected - chosen))). chosen, rejected: [B]. -> scalar."""
+    return torch.log1p(torch.exp(rejected - chosen)).mean()
+
+
+def normalize(x: torch.Tensor, dim: int = 0, eps: float = 1e-8) -> torch.Tensor:
+    """Legacy ``normalize``: centre along ``dim`` and divide by sqrt(max(population variance, eps))."""
+    centred = x - x.mean(dim)
+    return centred / torch.sqrt(torch.clamp((centred * centred).mean(dim), min=eps))
+
+
+def masked_normalize(x: torch.Tensor, mask: torch.Tensor, dim: int = 1, eps: float = 1e-8) -> torch.Tensor:
+    """Legacy ``masked_normalize``: the masked input centred by its masked mean along ``dim`` and scaled by
+    1/sqrt(max(masked variance, eps)); the [B] statistics broadcast against the last dimension, as they did."""
+    xm = x * mask
+    mean = masked_mean(xm, mask, dim)
+    centred = xm - mean
+    var = masked_mean(centred * centred, mask, dim)
+    return centred / torch.sqrt(torch.clamp(var, min=eps))

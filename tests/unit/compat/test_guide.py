@@ -25,3 +25,10 @@ def test_guide_files_exist_and_link_each_other():
     for name in ("README.md", "api_map.md", "deviations.md"):
         assert (guide / name).is_file(), name
     assert "deviations.md" in (guide / "README.md").read_text()
+
+
+def test_api_map_is_current_with_the_deprecation_table():
+    from coati_compat.api_map import render
+
+    assert (ROOT / "migration_guide" / "api_map.md").read_text() == render(), \
+        "regenerate with: python -m coati_compat.api_map"

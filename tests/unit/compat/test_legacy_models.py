@@ -98,23 +98,42 @@ def test_factories_and_lora():
         GPTActor(pretrained="no-such-org/no-such-model")
 
 
-def test_lora_linear_merges_in_eval_and_unmerges_in_train():
+def test_lora_linear_merges_on_its_own_eval_as_the_legacy_layer():
     torch.manual_seed(0)
     layer = LoraLinear(torch.nn.Parameter(torch.randn(5, 7)), torch.nn.Parameter(torch.randn(5)), r=2,
                        lora_alpha=4, merge_weights=True)
     torch.nn.init.normal_(layer.lora_B)
     x = torch.randn(3, 7)
     w0 = layer.weight.detach().clone()
+    merged_weight = w0 + (layer.lora_B @ layer.lora_A).detach() * 2.0  # scaling = 4 / 2
     out_train = layer(x)
+    torch.nn.Sequential(layer).eval()  # a parent's eval() reaches the layer as train(False): no merge
+    assert not layer.merged and torch.equal(layer.weight, w0)
     layer.eval()
-    assert layer.merged
+    assert layer.merged and not hasattr(layer, "lora_A") and not hasattr(layer, "lora_B")
+    torch.testing.assert_close(layer.weight, merged_weight, **TOL)
     torch.testing.assert_close(layer(x), out_train, **TOL)
-    layer.train()
-    torch.testing.assert_close(layer.weight, w0, **TOL)
+    layer.train()  # a fresh adapter (B = 0) over the merged weight, not the weight before the merge
+    assert not layer.merged and torch.equal(layer.lora_B, torch.zeros(5, 2)) and layer.lora_A.shape == (2, 7)
+    assert not torch.allclose(layer.weight, w0)
+    torch.testing.assert_close(layer(x), out_train, **TOL)
     wide = LoraLinear(torch.nn.Parameter(torch.randn(1, 3)), None, r=4)  # legacy allowed r > min(in, out)
     assert wide.lora_A.shape == (4, 3) and wide.lora_B.shape == (1, 4)
     with pytest.raises(ValueError, match="r must be an int >= 0"):
         LoraLinear(torch.nn.Parameter(torch.randn(2, 3)), None, r=-1)
+
+
+def test_lora_linear_fan_in_fan_out_takes_out_in_and_stores_it_transposed():
+    torch.manual_seed(0)
+    weight = torch.randn(5, 7)  # [out, in], as the legacy layer read it
+    layer = LoraLinear(torch.nn.Parameter(weight.clone()), None, r=2, fan_in_fan_out=True, merge_weights=False)
+    assert layer.weight.shape == (7, 5) and (layer.in_features, layer.out_features) == (7, 5)
+    assert layer.lora_A.shape == (2, 7) and layer.lora_B.shape == (5, 2)
+    x = torch.randn(3, 7)
+    torch.testing.assert_close(layer(x), x @ weight.T, **TOL)
+    torch.nn.init.normal_(layer.lora_B)
+    expected = x @ weight.T + x @ layer.lora_A.T @ layer.lora_B.T * layer.scaling
+    torch.testing.assert_close(layer(x), expected, **TOL)
 
 
 class _AlwaysEos(torch.nn.Module):

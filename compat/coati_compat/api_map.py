@@ -1,0 +1,58 @@
+"""Writes ``migration_guide/api_map.md`` from the deprecation table: one section per legacy module, one anchored
+line per legacy module or name, so that every link a warning prints lands on its entry.
+
+``python -m coati_compat.api_map [PATH]`` rewrites the file; a test keeps the committed file equal to the output.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+from coati_compat.deprecations import DEPRECATIONS, Deprecation
+
+HEADER = """# API map: legacy names and what replaces them
+
+Every legacy name that coati-relay still serves, with what to use instead. Each one keeps working until the
+removal version and warns (`FutureWarning`) at the line of your script that uses it. The anchors below are the
+ones the warnings link to. How each concept moved is in [README.md](README.md); what behaves differently from
+the legacy code on purpose is in [deviations.md](deviations.md).
+"""
+
+
+def _line(name: str, entry: Deprecation) -> str:
+    kind = "module" if entry.is_module else "name"
+    shown = name if entry.is_module else name.rpartition(".")[2]
+    return (f"- **`{shown}`** ({kind}, removed in {entry.removal}; served from `{entry.target}`): "
+            f"use {entry.replacement}.")
+
+
+def render() -> str:
+    """The page: sections in table order, each a module followed by the names served from it."""
+    sections: Dict[str, List[str]] = {}
+    for name, entry in DEPRECATIONS.items():
+        module = name if entry.is_module else name.rpartition(".")[0]
+        sections.setdefault(module, [])
+    seen_anchors = set()
+    for name, entry in DEPRECATIONS.items():
+        module = name if entry.is_module else name.rpartition(".")[0]
+        anchor = entry.anchor.partition("#")[2]
+        lines = sections[module]
+        if anchor not in seen_anchors:
+            lines.append(f'<a id="{anchor}"></a>')
+            seen_anchors.add(anchor)
+        lines.append(_line(name, entry))
+    parts = [HEADER]
+    for module, lines in sections.items():
+        parts.append(f"## `{module}`\n\n" + "\n".join(lines) + "\n")
+    return "\n".join(parts) + "\n"
+
+
+def main(argv: List[str]) -> int:
+    path = Path(argv[0]) if argv else Path(__file__).resolve().parents[2] / "migration_guide" / "api_map.md"
+    path.write_text(render())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
