@@ -4,10 +4,18 @@ It serves only the paths of the deprecation table (``coati.ray.utils`` -> ``coat
 and the packages above them (``coati``, ``coati.ray``, ``coati.trainer``, ...). A served legacy module *is* its
 target module: ``sys.modules["coati.ray.utils"] is sys.modules["coati_compat.legacy.ray_utils"]``.
 
-Another ``coati`` distribution (ColossalChat's) may be installed beside it. Its directories go into the
-``__path__`` of the served packages, so every path the table does not name (``coati.distributed``,
-``coati.dataset``, ...) is imported from it by the ordinary path finder, while its broken ``coati.ray`` and the
-other legacy paths are shadowed. The ColossalChat ``coati/__init__.py`` is not executed.
+Another ``coati`` distribution (ColossalChat's, "V2") may be installed beside it, and keeps working as without
+coati-relay:
+
+- a path V2 has is V2's module, executed as usual. Where the table serves the same path (``coati.models``,
+  ``coati.models.loss``, ``coati.experience_maker``, ...), the legacy-only names are added to V2's module lazily
+  (PEP 562 ``__getattr__``; each warns at the user's line); a name both define (``Experience``, ``PolicyLoss``,
+  ``RewardModel``, ...) keeps V2's meaning, unless ``COATI_RELAY_LEGACY_NAMES=1`` asks for the legacy one in this
+  process;
+- V2's ``coati.ray`` cannot be imported (it needs modules V2 deleted): the legacy ``coati.ray.*`` replace it;
+- a legacy-only path (``coati.trainer.strategies``, ``coati.models.gpt``, ``coati.replay_buffer``, ...) is served;
+- a V2 module that fails to import (a dependency missing here) is replaced by the legacy module of that path, or by
+  an empty package, so legacy paths under it still import; its own names then raise the original ImportError.
 
 Cheap on purpose, since ``install()`` runs at start-up of every interpreter (``coati_relay_legacy.pth``): it
 imports only modules the interpreter has already loaded (the finder and loader follow the import protocols without
@@ -22,8 +30,11 @@ import importlib.machinery
 import os
 import sys
 from types import ModuleType
+from typing import Any, Callable, Optional
 
 ROOT = "coati"
+LEGACY_WINS = "coati.ray"  # V2 ships this package, but it cannot be imported there: the legacy one replaces it
+LEGACY_NAMES_ENV = "COATI_RELAY_LEGACY_NAMES"
 
 
 class _LegacyPaths:
@@ -33,6 +44,11 @@ class _LegacyPaths:
         from coati_compat.deprecations import DEPRECATIONS
 
         self.modules: dict[str, str] = {k: e.target for k, e in DEPRECATIONS.items() if e.is_module}
+        self.names: dict[str, dict[str, str]] = {}  # legacy module -> {name: "target.module:attr"}
+        for key, entry in DEPRECATIONS.items():
+            if not entry.is_module:
+                module, _, name = key.rpartition(".")
+                self.names.setdefault(module, {})[name] = entry.target
         self.packages = {ROOT}
         for path in self.modules:
             parts = path.split(".")
@@ -40,6 +56,10 @@ class _LegacyPaths:
 
     def served(self, fullname: str) -> bool:
         return fullname in self.modules or fullname in self.packages
+
+    @staticmethod
+    def legacy_wins(fullname: str) -> bool:
+        return fullname == LEGACY_WINS or fullname.startswith(LEGACY_WINS + ".")
 
 
 _paths: _LegacyPaths | None = None
@@ -97,6 +117,132 @@ class LegacyLoader:
         warn_deprecated(spec.name)
 
 
+def _colossalchat_spec(fullname: str) -> Optional[importlib.machinery.ModuleSpec]:
+    """The spec of ``fullname`` in another installed ``coati`` (a regular module or package), or None."""
+    if fullname == ROOT:
+        search = None
+    else:
+        parent = sys.modules.get(fullname.rpartition(".")[0])
+        search = list(getattr(parent, "__path__", None) or [])
+        if not search:
+            return None
+    spec = importlib.machinery.PathFinder.find_spec(fullname, search)
+    if spec is None or spec.loader is None or spec.origin in (None, "namespace"):
+        return None
+    return spec
+
+
+_MISSING = object()
+
+
+def _legacy_attribute(fullname: str, name: str) -> Any:
+    """The legacy object ``fullname.name`` (warning at the user's line when the table lists it), or _MISSING."""
+    paths = legacy_paths()
+    target = paths.names.get(fullname, {}).get(name)
+    if target is not None:
+        module, _, attr = target.partition(":")
+        from coati_compat.deprecations import warn_deprecated
+
+        warn_deprecated(f"{fullname}.{name}")
+        return getattr(importlib.import_module(module), attr)
+    module_target = paths.modules.get(fullname)
+    if module_target is not None:
+        legacy = importlib.import_module(module_target)
+        if name in getattr(legacy, "__all__", ()):
+            return getattr(legacy, name)
+    return _MISSING
+
+
+def _legacy_names(fullname: str) -> list[str]:
+    paths = legacy_paths()
+    names = list(paths.names.get(fullname, {}))
+    if fullname in paths.modules:
+        names += [n for n in getattr(importlib.import_module(paths.modules[fullname]), "__all__", ()) if n not in names]
+    return names
+
+
+def _add_legacy_names(module: ModuleType, fullname: str) -> None:
+    """Gives V2's ``module`` the legacy-only names of ``fullname`` through a module ``__getattr__`` (PEP 562),
+    after V2's own; with ``COATI_RELAY_LEGACY_NAMES=1`` the legacy names replace V2's."""
+    own: Optional[Callable[[str], Any]] = module.__dict__.get("__getattr__")
+
+    def __getattr__(name: str) -> Any:
+        if not name.startswith("__"):
+            value = _legacy_attribute(fullname, name)
+            if value is not _MISSING:
+                return value
+        if own is not None:
+            return own(name)
+        raise AttributeError(f"module {fullname!r} has no attribute {name!r}")
+
+    module.__getattr__ = __getattr__  # type: ignore[attr-defined]
+    if os.environ.get(LEGACY_NAMES_ENV, "") in ("1", "true", "yes"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            for name in _legacy_names(fullname):
+                setattr(module, name, _legacy_attribute(fullname, name))
+        if fullname in legacy_paths().modules:
+            from coati_compat.deprecations import warn_deprecated
+
+            warn_deprecated(fullname)
+
+
+def _raise_on_names(module: ModuleType, fullname: str, error: BaseException) -> None:
+    """Makes the names a failed V2 module would have defined raise its original ImportError."""
+    def __getattr__(name: str) -> Any:
+        if not name.startswith("__"):
+            value = _legacy_attribute(fullname, name)
+            if value is not _MISSING:
+                return value
+            raise ImportError(f"cannot import name {name!r} from {fullname!r}: ColossalChat's {fullname} failed to "
+                              f"import ({type(error).__name__}: {error})") from error
+        raise AttributeError(name)
+
+    module.__getattr__ = __getattr__  # type: ignore[attr-defined]
+
+
+class ColossalChatLoader:
+    """Executes V2's module with V2's own loader, then adds the legacy names of the same path (see the module
+    docstring); falls back to the legacy module, or an empty package, when V2's module fails to import."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Optional[ModuleType]:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        fullname = module.__spec__.name
+        try:
+            self.inner.exec_module(module)
+        except ImportError as error:
+            import logging
+
+            logging.getLogger(__name__).warning("ColossalChat's %s failed to import (%s); the legacy paths under it "
+                                                "are served by coati-relay", fullname, error)
+            target = legacy_paths().modules.get(fullname)
+            if target is None:
+                _raise_on_names(module, fullname, error)
+                return
+            legacy = importlib.import_module(target)
+            if module.__spec__.submodule_search_locations is not None and not hasattr(legacy, "__path__"):
+                legacy.__path__ = list(module.__spec__.submodule_search_locations)  # type: ignore[attr-defined]
+            sys.modules[fullname] = legacy  # the import system returns what sys.modules holds after exec
+            from coati_compat.deprecations import warn_deprecated
+
+            warn_deprecated(fullname)
+            return
+        if fullname in legacy_paths().names or fullname in legacy_paths().modules:
+            _add_legacy_names(module, fullname)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_code, ... of the V2 loader
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
 class LegacyFinder:
     """Finds the legacy ``coati`` paths of the deprecation table; returns None for everything else."""
 
@@ -107,6 +253,11 @@ class LegacyFinder:
         paths = legacy_paths()
         if not paths.served(fullname):
             return None
+        if not paths.legacy_wins(fullname):
+            theirs = _colossalchat_spec(fullname)
+            if theirs is not None:
+                theirs.loader = ColossalChatLoader(theirs.loader)
+                return theirs
         is_package = fullname in paths.packages
         spec = importlib.machinery.ModuleSpec(fullname, LegacyLoader(paths.modules.get(fullname)),
                                               is_package=is_package)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import colossalchat_head
 from coati_compat import finder, install_pth
 
 REPO = Path(__file__).resolve().parents[3]
@@ -89,42 +90,121 @@ def test_legacy_paths_through_pth_in_temp_site_dir(tmp_path):
     assert out["coati_file"] is None
 
 
+IMPORT_ALL = """
+    import importlib, json, sys, warnings
+    if {with_relay}:
+        import coati_compat.finder
+        coati_compat.finder.install()
+    seen, errors = {{}}, {{}}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for module, names in {names!r}.items():
+            try:
+                m = importlib.import_module(module)
+                seen[module] = {{n: getattr(m, n).source for n in names}}
+            except ImportError as e:
+                errors[module] = str(e)
+    print(json.dumps({{"seen": seen, "errors": sorted(errors),
+                      "future_warnings": [str(w.message) for w in caught if w.category is FutureWarning]}}))
+"""
+
+
+def _v2_names():
+    return {m: n for m, n in colossalchat_head.exported_names().items() if not m.startswith("coati.ray")}
+
+
 @pytest.mark.slow
-def test_beside_a_colossalchat_coati_package(tmp_path):
-    fake = tmp_path / "colossalchat"
-    files = {
-        "coati/__init__.py": "raise ImportError('the ColossalChat coati/__init__.py must not run')\n",
-        "coati/distributed/__init__.py": "SOURCE = 'colossalchat'\n",
-        "coati/distributed/launch.py": "from coati.distributed import SOURCE\ndef launch_distributed(): return SOURCE\n",
-        "coati/ray/__init__.py": "raise ImportError('broken ColossalChat coati.ray')\n",
-        "coati/ray/utils.py": "raise ImportError('broken ColossalChat coati.ray.utils')\n",
-        "coati/models/__init__.py": "raise ImportError('ColossalChat V2 coati.models')\n",
-        "coati/models/v2_extra.py": "SOURCE = 'colossalchat'\n",
-    }
-    for rel, text in files.items():
-        (fake / rel).parent.mkdir(parents=True, exist_ok=True)
-        (fake / rel).write_text(text)
+@pytest.mark.parametrize("broken", [(), ("coati.trainer.base",)])
+def test_colossalchat_modules_import_exactly_as_without_coati_relay(tmp_path, broken):
+    """Every module and name of a ColossalChat-HEAD-shaped coati: the same objects with and without the finder
+    (V2's coati.ray excepted: it cannot be imported at HEAD), and no deprecation warning for any of them.
+
+    With a V2 module that fails to import, what fails without the finder fails with it too (its names raise the
+    original error), except V2 modules *under* the failed package, which the finder lets import."""
+    root = colossalchat_head.write(tmp_path, broken=broken)
+    without = run_isolated(IMPORT_ALL.format(with_relay=False, names=_v2_names()), extra_path=(str(root),))
+    with_relay = run_isolated(IMPORT_ALL.format(with_relay=True, names=_v2_names()), extra_path=(str(root),))
+    assert with_relay["future_warnings"] == []
+    if not broken:
+        assert with_relay["seen"] == without["seen"] and with_relay["errors"] == without["errors"] == []
+        assert len(without["seen"]) >= 40
+        return
+    assert without["seen"].items() <= with_relay["seen"].items()
+    assert with_relay["errors"] == ["coati.trainer", "coati.trainer.base"]
+    assert set(with_relay["errors"]) <= set(without["errors"])
+    assert set(with_relay["seen"]) - set(without["seen"]) == {
+        "coati.trainer.callbacks", "coati.trainer.callbacks.base", "coati.trainer.callbacks.performance_evaluator",
+        "coati.trainer.dpo", "coati.trainer.grpo", "coati.trainer.kto", "coati.trainer.orpo", "coati.trainer.ppo",
+        "coati.trainer.rm", "coati.trainer.sft", "coati.trainer.utils"}
+
+
+LEGACY_BESIDE_V2 = """
+    import json, os, sys, warnings
+    import coati_compat.finder
+    coati_compat.finder.install()
+    out = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from coati.ray.detached_trainer_ppo import DetachedPPOTrainer
+        from coati.ray.utils import get_receivers_per_sender
+        from coati.trainer.strategies import DDPStrategy, NaiveStrategy
+        from coati.models.gpt import GPTActor
+        from coati.replay_buffer import NaiveReplayBuffer
+        from coati.models import Actor, LoRAModule
+        from coati.models.utils import normalize
+        from coati.models.loss import GPTLMLoss, PolicyLoss
+        from coati.experience_maker import Experience
+        from coati.models import DpoLoss
+        import coati.ray.utils
+    for name, obj in [("DetachedPPOTrainer", DetachedPPOTrainer), ("DDPStrategy", DDPStrategy),
+                      ("GPTActor", GPTActor), ("NaiveReplayBuffer", NaiveReplayBuffer), ("Actor", Actor),
+                      ("LoRAModule", LoRAModule), ("normalize", normalize), ("GPTLMLoss", GPTLMLoss),
+                      ("PolicyLoss", PolicyLoss), ("Experience", Experience), ("DpoLoss", DpoLoss)]:
+        out[name] = getattr(obj, "source", None) or obj.__module__.split(".")[0]
+    out["receivers"] = get_receivers_per_sender(0, 2, 4, False)
+    out["warned"] = sorted({str(w.message).split(" is deprecated")[0] for w in caught
+                            if w.category is FutureWarning})
+    print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("legacy_names", ["", "1"])
+def test_legacy_paths_and_names_beside_colossalchat(tmp_path, monkeypatch, legacy_names):
+    """Legacy-only paths are served and legacy-only names are added to V2's modules (each warns); a name both
+    define stays V2's unless COATI_RELAY_LEGACY_NAMES=1."""
+    root = colossalchat_head.write(tmp_path)
+    monkeypatch.setenv("COATI_RELAY_LEGACY_NAMES", legacy_names)
+    out = run_isolated(LEGACY_BESIDE_V2, extra_path=(str(root),))
+    for name in ("DetachedPPOTrainer", "DDPStrategy", "GPTActor", "NaiveReplayBuffer", "Actor", "LoRAModule",
+                 "normalize"):
+        assert out[name] == "coati_compat", name
+    assert out["DpoLoss"] == "coati.models.loss"  # V2-only names stay V2's either way
+    shared = {"GPTLMLoss": "coati.models.loss", "PolicyLoss": "coati.models.loss",
+              "Experience": "coati.experience_maker.base"}
+    for name, v2_source in shared.items():
+        assert out[name] == ("coati_compat" if legacy_names else v2_source), name
+    assert out["receivers"] == [0, 2]
+    assert ("coati.models" if legacy_names else "coati.models.Actor") in out["warned"]
+    assert "coati.ray.detached_trainer_ppo" in out["warned"]
+    assert "coati.models.gpt" in out["warned"] and "coati.replay_buffer" in out["warned"]
+
+
+@pytest.mark.slow
+def test_legacy_paths_under_a_colossalchat_package_that_fails_to_import(tmp_path):
+    root = colossalchat_head.write(tmp_path, broken=("coati.trainer",))
     out = run_isolated("""
-        import json, sys, warnings
+        import json, warnings
         import coati_compat.finder
         coati_compat.finder.install()
         warnings.simplefilter("ignore", FutureWarning)
-        import coati.distributed.launch
-        import coati.models.v2_extra
-        import coati.ray.utils
-        import coati_compat.legacy.ray_utils as ours
-        print(json.dumps({
-            "distributed": coati.distributed.launch.launch_distributed(),
-            "distributed_file": coati.distributed.__file__,
-            "v2_extra": coati.models.v2_extra.SOURCE,
-            "ray_utils_is_ours": coati.ray.utils is ours,
-            "ray_utils_file": coati.ray.utils.__file__,
-            "coati_path": list(coati.__path__),
-        }))
-    """, extra_path=(str(fake),))
-    assert out["distributed"] == "colossalchat"
-    assert out["distributed_file"].startswith(str(fake))
-    assert out["v2_extra"] == "colossalchat"
-    assert out["ray_utils_is_ours"] is True
-    assert out["ray_utils_file"].startswith(str(REPO / "compat"))
-    assert out["coati_path"] == [str(fake / "coati")]
+        from coati.trainer.strategies import DDPStrategy
+        try:
+            from coati.trainer import SFTTrainer
+            error = None
+        except ImportError as e:
+            error = str(e)
+        print(json.dumps({"strategy": DDPStrategy.__module__, "error": error}))
+    """, extra_path=(str(root),))
+    assert out["strategy"] == "coati_compat.legacy.strategies"
+    assert "SFTTrainer" in out["error"] and "needs a package this host lacks" in out["error"]
