@@ -16,8 +16,6 @@ from coati_relay.toy import build_tiny_model, build_tokenizer, write_toy_dataset
 pytestmark = pytest.mark.slow
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "legacy"
-SMALL_RUN = ["--experience_steps", "2", "--experience_batch_size", "2", "--train_batch_size", "2",
-             "--update_steps", "1", "--max_length", "112"]
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +42,10 @@ def prompts(tmp_path_factory):
     return str(write_toy_dataset(tmp_path_factory.mktemp("data") / "prompts.csv", num_prompts=32, fmt="csv"))
 
 
-def run_script(name: str, args, cwd: Path) -> str:
+def run_script(name: str, args, cwd: Path, **env_vars: str) -> str:
     """Runs examples/legacy/<name> in a fresh process and local Ray cluster; returns its combined output."""
     env = dict(os.environ, RAY_NAMESPACE="legacy-e2e", RAY_ADDRESS="local", HF_HUB_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", RAY_DEDUP_LOGS="0")
+               TOKENIZERS_PARALLELISM="false", RAY_DEDUP_LOGS="0", **env_vars)
     proc = subprocess.run([sys.executable, str(EXAMPLES / name), *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=420)
     output = proc.stdout + proc.stderr
@@ -60,35 +58,61 @@ def assert_user_warned(output: str, script: str, *names: str) -> None:
         assert f"{script}:" in output and f"FutureWarning: {name} is deprecated" in output, name
 
 
-def test_mmmt_prompt_two_makers_two_trainers(llama_path, prompts, tmp_path):
-    out = run_script("mmmt_prompt.py", ["--num_makers", 2, "--num_trainers", 2, "--model", "llama",
-                                        "--critic_model", "llama", "--pretrain", llama_path, "--critic_pretrain",
-                                        llama_path, "--prompt_path", prompts, *SMALL_RUN], tmp_path)
-    assert "[maker performance] samples:" in out and "[trainer performance] samples:" in out
+def assert_trained(save_dir: Path, trainers: int) -> None:
+    """Each trainer's actor, saved before and after training: every tensor finite after, and some moved."""
+    import torch
+
+    for i in range(trainers):
+        start = torch.load(save_dir / f"actor{i}_start.pt", map_location="cpu")
+        end = torch.load(save_dir / f"actor{i}_end.pt", map_location="cpu")
+        assert start.keys() == end.keys() and start
+        assert all(torch.isfinite(v).all() for v in end.values() if v.is_floating_point()), f"actor{i}"
+        moved = [k for k in start if not torch.equal(start[k], end[k])]
+        assert moved, f"actor{i}: no weight moved"
+
+
+MANY_ROLES = ["--num_makers", 2, "--num_trainers", 2, "--model", "llama", "--critic_model", "llama",
+              "--experience_steps", 3, "--experience_batch_size", 2, "--train_batch_size", 2, "--update_steps", 1,
+              "--prompt_tokens", 32, "--max_length", 48]
+
+
+@pytest.mark.parametrize("keep_half", ["", "1"], ids=["cpu-fp32", "fp16-masters"])
+def test_many_roles_half_models_train_to_finite_moved_weights(llama_path, prompts, tmp_path, keep_half):
+    """Two makers, two trainers, .half() models, a weight push after every step (mid-run): with the CPU default
+    (fp32 kept) and with fp16 kept, where the trainers step fp32 master weights."""
+    save = tmp_path / "ckpt"
+    out = run_script("ppo_many_roles.py", [*MANY_ROLES, "--pretrain", llama_path, "--critic_pretrain", llama_path,
+                                           "--prompt_path", prompts, "--save_dir", save], tmp_path,
+                     COATI_RELAY_KEEP_HALF_ON_CPU=keep_half)
+    assert "[trainer performance] samples:" in out and "[maker performance] samples:" in out  # rank 0 prints
     assert "num_gpus=1 of ExperienceMakerHolderImpl(name='maker0') is translated" in out
-    assert_user_warned(out, "mmmt_prompt.py", "coati.ray.detached_trainer_ppo",
+    assert ("keep fp32 inside this actor" in out) == (not keep_half)
+    assert_user_warned(out, "ppo_many_roles.py", "coati.ray.detached_trainer_ppo",
                        "coati.ray.experience_maker_holder.ExperienceMakerHolder",
                        "coati.ray.detached_trainer_ppo.DetachedPPOTrainer")
+    assert_trained(save, 2)
 
 
-def test_mmmt_dummy_opt_with_initial_sync(opt_path, tmp_path):
-    out = run_script("mmmt_dummy.py", ["--num_makers", 2, "--num_trainers", 1, "--model", "opt", "--critic_model",
-                                       "opt", "--pretrain", opt_path, "--critic_pretrain", opt_path,
-                                       "--experience_steps", 2, "--experience_batch_size", 2, "--train_batch_size", 2,
-                                       "--update_steps", 1, "--train_epochs", 2, "--max_length", 272], tmp_path)
-    assert "[maker performance] samples:" in out and "[trainer performance] samples:" in out
-    assert_user_warned(out, "mmmt_dummy.py", "coati.ray.utils", "coati.quant")
-
-
-def test_lora_prompt_pushes_adapters(llama_path, prompts, tmp_path):
-    out = run_script("lora_prompt.py", ["--num_trainers", 2, "--model", "llama", "--critic_model", "llama",
-                                        "--pretrain", llama_path, "--critic_pretrain", llama_path, "--prompt_path",
-                                        prompts, "--lora_rank", 2, "--debug", *SMALL_RUN], tmp_path)
-    assert "[trainer performance]" in out
+def test_many_roles_lora_pushes_adapters(llama_path, prompts, tmp_path):
+    save = tmp_path / "ckpt"
+    out = run_script("ppo_many_roles.py", [*MANY_ROLES, "--pretrain", llama_path, "--critic_pretrain", llama_path,
+                                           "--prompt_path", prompts, "--lora_rank", 2, "--debug", "--save_dir", save],
+                     tmp_path)
     assert re.search(r"\[maker\] LoRA push: [1-9]\d* actor weights rebuilt from their adapters", out)
     assert "[trainer] training step" in out
-    assert "legacy generate ignores the keywords ['experience_batch_size']" in out  # as the legacy maker did
-    assert_user_warned(out, "lora_prompt.py", "coati.ray.experience_maker_holder.ExperienceMakerHolder")
+    assert_trained(save, 2)
+
+
+def test_dummy_throughput_opt_with_initial_sync(opt_path, tmp_path):
+    save = tmp_path / "ckpt"
+    out = run_script("dummy_throughput.py", ["--num_makers", 2, "--num_trainers", 1, "--model", "opt",
+                                             "--pretrain", opt_path, "--experience_steps", 2,
+                                             "--experience_batch_size", 2, "--train_batch_size", 2,
+                                             "--update_steps", 1, "--train_epochs", 2, "--prompt_tokens", 16,
+                                             "--max_length", 32, "--save_dir", save], tmp_path)
+    assert "[maker performance] samples:" in out and "[trainer performance] samples:" in out
+    assert_user_warned(out, "dummy_throughput.py", "coati.ray.utils")
+    assert_trained(save, 1)
 
 
 def test_custom_trainer_subclass(llama_path, prompts, tmp_path):

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import math
 
-# Legacy --trainer_strategy -> plugin_config. The *_cpu variants offload as the legacy strategies did.
+# Legacy --trainer_strategy -> plugin_config. The *_cpu variants offload as the legacy strategies did; "naive" (no
+# wrapping, the upstream scripts' default) trains as "ddp" does with one consumer.
 LEGACY_STRATEGY_PLUGINS = {
+    "naive": {"plugin": "ddp"},
     "ddp": {"plugin": "ddp"},
     "colossalai_zero2": {"plugin": "zero2"},
     "colossalai_zero2_cpu": {"plugin": "zero2", "cpu_offload": True},

@@ -15,7 +15,7 @@ import textwrap
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Sequence, Union
+from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
 from coati_compat.migrate import emitted
 from coati_compat.migrate.analyze import analyze_source
@@ -118,23 +118,31 @@ def fit_line(prefix: str, code: str, suffix: str = "", width: int = WIDTH) -> Li
     if len(line) <= width:
         return [line]
     node = ast.parse(code, mode="eval").body
+    keyed: List[Tuple[str, ast.expr]] = []  # (prefix, value) of each item, so a long one can be broken in turn
     if isinstance(node, ast.Call):
         head, close = ast.unparse(node.func) + "(", ")"
-        items = [ast.unparse(a) for a in node.args] + [f"{k.arg}={ast.unparse(k.value)}" for k in node.keywords]
+        keyed = [("", a) for a in node.args] + [(f"{k.arg}=", k.value) for k in node.keywords]
     elif isinstance(node, ast.Dict) and all(k is not None for k in node.keys):
         head, close = "{", "}"
-        items = [f"{ast.unparse(k)}: {ast.unparse(v)}" for k, v in zip(node.keys, node.values)]
+        keyed = [(f"{ast.unparse(k)}: ", v) for k, v in zip(node.keys, node.values)]
+    elif isinstance(node, ast.List):
+        head, close = "[", "]"
+        keyed = [("", e) for e in node.elts]
     else:
         return [line]
     indent = " " * (len(prefix) - len(prefix.lstrip()) + 4)
     out, current = [prefix + head], indent
-    for i, item in enumerate(items):
-        piece = item + (", " if i < len(items) - 1 else "")
+    for i, (key, value) in enumerate(keyed):
+        comma = "," if i < len(keyed) - 1 else ""
+        piece = key + ast.unparse(value) + (comma and ", ")
         if current.strip() and len(current + piece.rstrip()) > width:
             out.append(current.rstrip())
             current = indent
+        if not current.strip() and len(indent + piece.rstrip()) > width:
+            out += fit_line(indent + key, ast.unparse(value), comma, width)
+            continue
         current += piece
-    out.append(current.rstrip() + close + suffix)
+    out.append(current.rstrip() + close + suffix if current.strip() else " " * (len(indent) - 4) + close + suffix)
     return out
 
 

@@ -198,7 +198,7 @@ def map_plugin(b: "_Builder", maker: Optional[ActorCall], trainer: Optional[Acto
     b.plan.kwargs["plugin_config"] = (repr(emitted.legacy_plugin_config(value)) if ok
                                       else f"{b.helper('legacy_plugin_config')}({strategy})")
     if not (ok and value == "ddp"):
-        b.note("trainer-strategy", "strategies map to Booster plugins: ddp -> 'ddp', colossalai_zero2 -> "
+        b.note("trainer-strategy", "strategies map to Booster plugins: naive and ddp -> 'ddp', colossalai_zero2 -> "
                                    "'zero2', colossalai_gemini -> 'gemini'; the _cpu variants offload to CPU "
                                    "(cpu_offload, offload_*_frac). Legacy ZeRO and Gemini trained in fp16, the "
                                    "plugins default to bf16. Both need CUDA: on a CPU host add "

@@ -20,7 +20,7 @@ from coati_compat.migrate.notes import GUIDE_PAGE, TOPICS
 
 ROOT = Path(__file__).resolve().parents[3]
 LEGACY = ROOT / "examples" / "legacy"
-EXAMPLES = ["mmmt_prompt.py", "lora_prompt.py", "mmmt_dummy.py", "custom_trainer.py"]
+EXAMPLES = ["ppo_many_roles.py", "dummy_throughput.py", "custom_trainer.py"]
 
 ODD_SCRIPT = textwrap.dedent('''
     """No argparse, literal values, a custom DetachedTrainer, models from the family classes."""
@@ -95,8 +95,8 @@ def test_every_example_becomes_a_ppo_launch_with_notes(migrations, name):
     assert max(len(line) for line in m.script.splitlines()) <= 120
 
 
-def test_mmmt_prompt_maps_the_ci_configuration(migrations):
-    m = migrations["mmmt_prompt.py"]
+def test_many_roles_maps_the_ci_configuration(migrations):
+    m = migrations["ppo_many_roles.py"]
     assert m.complete
     kw = m.launch_kwargs(["--num_makers", "2", "--num_trainers", "2", "--trainer_strategy", "colossalai_gemini",
                           "--pretrain", "/m/opt-350m", "--critic_pretrain", "/m/opt-125m", "--experience_batch_size",
@@ -106,8 +106,8 @@ def test_mmmt_prompt_maps_the_ci_configuration(migrations):
     assert kw["plugin_config"] == {"plugin": "gemini"}
     assert kw["inference_model_config"] == {"path": "/m/opt-350m"} == {"path": kw["train_model_config"]["path"]}
     assert kw["critic_model_config"] == kw["reward_model_config"] == {"path": "/m/opt-125m"}
-    assert kw["train_dataset_config"] == {"path": "p.csv", "max_length": 96}
-    assert kw["generate_config"] == {"max_new_tokens": 512 - 96, "temperature": 1.0, "top_k": 50}
+    assert kw["train_dataset_config"] == {"path": "p.csv", "max_length": 64}
+    assert kw["generate_config"] == {"max_new_tokens": 256 - 64, "temperature": 1.0, "top_k": 50}
     assert kw["grpo_config"] == {"lr": 1e-7, "critic_lr": 1e-7, "kl_coef": 0.1, "ppo_epochs": 1}
     assert "lora" not in kw["train_model_config"]
     topics = {n.topic for n in m.notes}
@@ -115,11 +115,18 @@ def test_mmmt_prompt_maps_the_ci_configuration(migrations):
     buffer = next(n for n in m.notes if n.topic == "buffer")
     assert "buffer_limit=16" in buffer.text and f"{GUIDE_PAGE}#buffer" in m.script
     unused = next(n for n in m.notes if n.topic == "unused-flags").text
-    assert "--quant_bits" in unused and "--pretrain" not in unused
+    assert "--save_dir" in unused and "--pretrain" not in unused
 
 
-def test_cpu_strategy_variants_offload(migrations):
-    m = migrations["mmmt_prompt.py"]
+def test_every_strategy_choice_translates(migrations):
+    m = migrations["ppo_many_roles.py"]
+    for naive_or_ddp in ("naive", "ddp"):
+        assert m.launch_kwargs({"trainer_strategy": naive_or_ddp})["plugin_config"] == {"plugin": "ddp"}
+    assert m.launch_kwargs({"trainer_strategy": "colossalai_zero2"})["plugin_config"] == {"plugin": "zero2"}
+    assert m.launch_kwargs({"trainer_strategy": "colossalai_zero2_cpu"})["plugin_config"] == {
+        "plugin": "zero2", "cpu_offload": True}
+    gemini = m.launch_kwargs({"trainer_strategy": "colossalai_gemini_cpu"})["plugin_config"]
+    assert gemini["plugin"] == "gemini" and gemini["offload_param_frac"] == 1.0
     assert m.launch_kwargs({"trainer_strategy": "colossalai_zero2_cpu"})["plugin_config"] == {
         "plugin": "zero2", "cpu_offload": True}
     gemini = m.launch_kwargs({"trainer_strategy": "colossalai_gemini_cpu"})["plugin_config"]
@@ -127,8 +134,8 @@ def test_cpu_strategy_variants_offload(migrations):
 
 
 def test_lora_rank_becomes_a_peft_adapter_with_the_legacy_scaling(migrations):
-    m = migrations["lora_prompt.py"]
-    lora = m.launch_kwargs({"model": "llama"})["train_model_config"]["lora"]
+    m = migrations["ppo_many_roles.py"]
+    lora = m.launch_kwargs({"model": "llama", "lora_rank": 4})["train_model_config"]["lora"]
     assert lora["r"] == 4 and lora["alpha"] == 1 and {"q_proj", "down_proj", "lm_head"} <= set(lora["target_modules"])
     assert "lora" not in m.launch_kwargs({"lora_rank": 0})["train_model_config"]
     note = next(n for n in m.notes if n.topic == "lora" and "alpha=1" in n.text)
@@ -136,12 +143,12 @@ def test_lora_rank_becomes_a_peft_adapter_with_the_legacy_scaling(migrations):
 
 
 def test_random_prompt_benchmark_needs_a_prompt_file(migrations):
-    m = migrations["mmmt_dummy.py"]
+    m = migrations["dummy_throughput.py"]
     assert "--prompt_path" in m.script and "required=True" in m.script
     kw = m.launch_kwargs({"max_length": 272})
-    assert kw["train_dataset_config"]["max_length"] == 256 and kw["generate_config"]["max_new_tokens"] == 16
+    assert kw["train_dataset_config"]["max_length"] == 128 and kw["generate_config"]["max_new_tokens"] == 144
     with pytest.raises(ValueError, match="no room for a response"):
-        m.launch_kwargs({"max_length": 200})
+        m.launch_kwargs({"max_length": 100})
     texts = " ".join(n.text for n in m.notes)
     assert "random token ids" in texts and "random weights of the shape" in texts
 
@@ -222,7 +229,7 @@ def test_guide_has_an_anchor_for_every_note_topic():
 
 def test_cli_writes_script_and_yaml_and_reports(tmp_path, capsys):
     out, cfg = tmp_path / "new.py", tmp_path / "run.yaml"
-    rc = main([str(LEGACY / "mmmt_prompt.py"), "-o", str(out), "--yaml", str(cfg), "--set", "pretrain=/m/a",
+    rc = main([str(LEGACY / "ppo_many_roles.py"), "-o", str(out), "--yaml", str(cfg), "--set", "pretrain=/m/a",
                "--set", "num_makers=2"])
     assert rc == EXIT_OK and "NOTE(s)" in capsys.readouterr().err
     compile(out.read_text(), str(out), "exec")
@@ -235,7 +242,7 @@ def test_cli_writes_script_and_yaml_and_reports(tmp_path, capsys):
     assert "NOT TRANSLATED" in capsys.readouterr().err
     assert main([str(odd), "-o", str(odd)]) == EXIT_BAD_INPUT and odd.read_text() == ODD_SCRIPT
     assert main([str(tmp_path / "missing.py")]) == EXIT_BAD_INPUT
-    assert main([str(LEGACY / "mmmt_prompt.py"), "--yaml", str(cfg), "--set", "nope"]) == EXIT_BAD_INPUT
+    assert main([str(LEGACY / "ppo_many_roles.py"), "--yaml", str(cfg), "--set", "nope"]) == EXIT_BAD_INPUT
 
 
 def test_generated_config_passes_engine_validation(migrations, tiny_model_path, tmp_path):
@@ -245,8 +252,9 @@ def test_generated_config_passes_engine_validation(migrations, tiny_model_path, 
     csv = write_toy_dataset(tmp_path / "prompts.csv", num_prompts=32, fmt="csv")
     flags = {"pretrain": tiny_model_path, "critic_pretrain": tiny_model_path, "prompt_path": str(csv),
              "max_length": 112, "model": "llama"}
-    for name in ("mmmt_prompt.py", "lora_prompt.py"):
-        config = yaml.safe_load(migrations[name].yaml(flags))
+    for lora_rank in (0, 4):
+        config = yaml.safe_load(migrations["ppo_many_roles.py"].yaml({**flags, "lora_rank": lora_rank,
+                                                                       "prompt_tokens": 96}))
         cfg = build_run_config(**config)
         assert cfg.core_algo == "PPO" and cfg.num_prompts == 32 and cfg.optimizer_steps_per_round == 2
         assert cfg.sampling.max_new_tokens == 16 and cfg.reward_model_path == tiny_model_path
@@ -258,12 +266,12 @@ def test_migrated_script_runs_end_to_end(migrations, tiny_model_path, tmp_path):
     from coati_relay.toy import write_toy_dataset
 
     csv = write_toy_dataset(tmp_path / "prompts.csv", num_prompts=16, fmt="csv")
-    script = tmp_path / "mmmt_prompt_relay.py"
-    script.write_text(migrations["mmmt_prompt.py"].script)
+    script = tmp_path / "ppo_many_roles_relay.py"
+    script.write_text(migrations["ppo_many_roles.py"].script)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", RAY_ADDRESS="", RAY_DEDUP_LOGS="0")
     done = subprocess.run(
         [sys.executable, str(script), "--pretrain", tiny_model_path, "--critic_pretrain", tiny_model_path,
-         "--prompt_path", str(csv), "--max_length", "104", "--num_episodes", "1", "--lr", "1e-4",
+         "--prompt_path", str(csv), "--prompt_tokens", "96", "--max_length", "104", "--num_episodes", "1", "--lr", "1e-4",
          "--inference_backend", "transformers", "--run_dir", str(tmp_path / "run")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=500)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]

@@ -1,8 +1,8 @@
-"""mmmt_dummy, migrated from the legacy coati.ray API to coati_relay.launch_distributed.
+"""ppo_many_roles, migrated from the legacy coati.ray API to coati_relay.launch_distributed.
 
-Written by `python -m coati_compat.migrate mmmt_dummy.py`. The legacy command-line flags keep their names and
-defaults; added: --prompt_path, --lr, --num_episodes, --inference_backend, --run_dir. Every `# NOTE:` says what
-happened to a legacy setting without an exact counterpart, with a link into the migration guide.
+Written by `python -m coati_compat.migrate ppo_many_roles.py`. The legacy command-line flags keep their names and
+defaults; added: --lr, --num_episodes, --inference_backend, --run_dir. Every `# NOTE:` says what happened to a
+legacy setting without an exact counterpart, with a link into the migration guide.
 """
 from __future__ import annotations
 
@@ -14,36 +14,33 @@ from typing import Any, Dict
 #       creates and places its actors itself (a GPU each where the cluster has enough, CPU shares otherwise). See
 #       migration_guide/rewriter.md#placement
 # NOTE: ray.init(...) is not needed: launch_distributed starts Ray when it is not running, and no RAY_NAMESPACE is
-#       read (the engine's actors are not looked up by name). (legacy line 215) See
+#       read (the engine's actors are not looked up by name). (legacy line 163) See
 #       migration_guide/rewriter.md#placement
 # NOTE: env_info (rank, world size, master address and port) has no counterpart: the engine sets up the consumers'
-#       process group itself. (legacy line 101) See migration_guide/rewriter.md#env-info
-# NOTE: debug: the engine reports through the logging module (coati_relay loggers). (legacy line 101) See
-#       migration_guide/rewriter.md#callbacks
+#       process group itself. (legacy line 72) See migration_guide/rewriter.md#env-info
 # NOTE: update_lora_weights: with train_model_config['lora'] the engine publishes only the adapters, and producers
-#       rebuild W0 + scaling*B@A on each sync (replacing the previous push, not adding to it). (legacy line 101) See
+#       rebuild W0 + scaling*B@A on each sync (replacing the previous push, not adding to it). (legacy line 72) See
 #       migration_guide/rewriter.md#lora
-# NOTE: sync_models_from_trainers: producers always start from the weights the consumers publish first (version 0).
-#       (legacy line 101) See migration_guide/rewriter.md#initial-sync
-# NOTE: do_sample: the engine always samples (temperature, top_k, top_p). (legacy line 101) See
+# NOTE: eval_performance: throughput and timings are always measured: RunResult.summary and the history
+#       (samples_per_s, generate_s, train_s, weight_sync_s). (legacy line 72) See
+#       migration_guide/rewriter.md#callbacks
+# NOTE: debug: the engine reports through the logging module (coati_relay loggers). (legacy line 72) See
+#       migration_guide/rewriter.md#callbacks
+# NOTE: do_sample: the engine always samples (temperature, top_k, top_p). (legacy line 72) See
 #       migration_guide/rewriter.md#generation
 # NOTE: pad_token_id/eos_token_id: taken from the tokenizer saved with the model; each response ends at its EOS
-#       token. (legacy line 101) See migration_guide/rewriter.md#generation
-# NOTE: eval_performance: throughput and timings are always measured: RunResult.summary and the history
-#       (samples_per_s, generate_s, train_s, weight_sync_s). (legacy line 101) See
-#       migration_guide/rewriter.md#callbacks
-# NOTE: use_cache: generation always uses a KV cache. (legacy line 101) See migration_guide/rewriter.md#generation
+#       token. (legacy line 72) See migration_guide/rewriter.md#generation
+# NOTE: use_cache: generation always uses a KV cache. (legacy line 72) See migration_guide/rewriter.md#generation
 # NOTE: buffer_limit=16: the engine's queue holds at most (n_behind + 1) rounds of rollouts and blocks producers
 #       beyond that (legacy makers were never throttled); n_behind=0, the default, keeps training on-policy. (legacy
-#       line 135) See migration_guide/rewriter.md#buffer
-# NOTE: sync_models_to_remote_makers() is not needed: producers always start from the weights the consumers publish
-#       first (version 0). (legacy line 153) See migration_guide/rewriter.md#initial-sync
-# NOTE: --maker_strategy, --critic_model, --experience_steps, --initial_model_quant_ckpt, --quant_bits,
-#       --quant_group_size, --debug are still accepted, so legacy command lines keep working, but have no effect:
-#       what they set has no counterpart (see the other NOTEs). See migration_guide/rewriter.md#unused-flags
+#       line 97) See migration_guide/rewriter.md#buffer
+# NOTE: --maker_strategy, --critic_model, --experience_steps, --save_dir, --debug are still accepted, so legacy
+#       command lines keep working, but have no effect: what they set has no counterpart (see the other NOTEs). See
+#       migration_guide/rewriter.md#unused-flags
 
 
 LEGACY_STRATEGY_PLUGINS = {
+    "naive": {"plugin": "ddp"},
     "ddp": {"plugin": "ddp"},
     "colossalai_zero2": {"plugin": "zero2"},
     "colossalai_zero2_cpu": {"plugin": "zero2", "cpu_offload": True},
@@ -112,31 +109,30 @@ def round_sizes(num_producers, num_consumers, experience_batch_size, train_batch
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="mmmt_dummy on coati_relay.launch_distributed")
+    parser = argparse.ArgumentParser(description="ppo_many_roles on coati_relay.launch_distributed")
+    parser.add_argument("--prompt_path", required=True, help="CSV with a 'prompt' column")
     parser.add_argument("--num_makers", type=int, default=1)
     parser.add_argument("--num_trainers", type=int, default=1)
     parser.add_argument(
-        "--trainer_strategy",
-        choices=["ddp", "colossalai_gemini", "colossalai_zero2", "colossalai_gemini_cpu", "colossalai_zero2_cpu"],
-        default="ddp")
-    parser.add_argument("--maker_strategy", choices=["naive"], default="naive")
+        "--trainer_strategy", default="ddp",
+        choices=[
+            "naive", "ddp", "colossalai_gemini", "colossalai_zero2", "colossalai_gemini_cpu", "colossalai_zero2_cpu"]
+    )
+    parser.add_argument("--maker_strategy", default="naive", choices=["naive"])
     parser.add_argument("--model", default="gpt2", choices=["gpt2", "bloom", "opt", "llama"])
     parser.add_argument("--critic_model", default="gpt2", choices=["gpt2", "bloom", "opt", "llama"])
-    parser.add_argument("--pretrain", type=str, default=None)
-    parser.add_argument("--critic_pretrain", type=str, default=None)
-    parser.add_argument("--experience_steps", type=int, default=4)
-    parser.add_argument("--experience_batch_size", type=int, default=8)
+    parser.add_argument("--pretrain", required=True, help="actor checkpoint (also the tokenizer)")
+    parser.add_argument("--critic_pretrain", required=True, help="critic and reward-model checkpoint")
+    parser.add_argument("--experience_steps", type=int, default=4, help="batches each maker makes")
+    parser.add_argument("--experience_batch_size", type=int, default=8, help="prompts per maker batch")
+    parser.add_argument("--train_batch_size", type=int, default=8, help="samples per trainer step")
+    parser.add_argument("--update_steps", type=int, default=2, help="trainer steps between weight pushes")
     parser.add_argument("--train_epochs", type=int, default=1)
-    parser.add_argument("--update_steps", type=int, default=2)
-    parser.add_argument("--train_batch_size", type=int, default=8)
-    parser.add_argument("--max_length", type=int, default=512)
-    parser.add_argument("--lora_rank", type=int, default=0, help="low-rank adaptation matrices rank")
-    parser.add_argument("--initial_model_quant_ckpt", type=str, default=None)
-    parser.add_argument("--quant_bits", type=int, default=4)
-    parser.add_argument("--quant_group_size", type=int, default=128)
+    parser.add_argument("--prompt_tokens", type=int, default=64, help="prompts are padded/truncated to this")
+    parser.add_argument("--max_length", type=int, default=256, help="prompt plus response tokens")
+    parser.add_argument("--lora_rank", type=int, default=0)
+    parser.add_argument("--save_dir", default=None, help="where trainers save their actor before and after")
     parser.add_argument("--debug", action="store_true")
-    parser.add_argument(
-        "--prompt_path", required=True, help="prompt file: a .csv with a prompt column, or ColossalChat .jsonl")
     parser.add_argument("--lr", type=float, default=1e-07, help="learning rate of actor and critic")
     parser.add_argument("--num_episodes", type=int, default=1, help="passes over the prompt file (the run length)")
     parser.add_argument(
@@ -151,7 +147,7 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
     num_consumers = args.num_trainers
     inference_batch_size, inference_microbatch_size = round_sizes(
         num_producers, num_consumers, args.experience_batch_size, args.train_batch_size, args.update_steps)
-    prompt_tokens = 256
+    prompt_tokens = args.prompt_tokens
     train_model_config = {"path": args.pretrain}
     lora = lora_config(args.lora_rank, args.model)
     if lora:
@@ -168,7 +164,7 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         #       (args.num_trainers * args.train_batch_size), update_steps=args.update_steps) batches; that is 4
         #       batches per trainer, 32 samples in all (flags at their defaults). The engine's run length follows
         #       from the data: num_episodes * (prompts in the file // (inference_batch_size*num_producers)) rounds;
-        #       set --num_episodes (and the file's size) to match. (legacy line 182) See
+        #       set --num_episodes (and the file's size) to match. (legacy line 129) See
         #       migration_guide/rewriter.md#run-length
         num_episodes=args.num_episodes,
         # NOTE: train_batch_size counts prompts; with one response per prompt (num_generations=1) that is the legacy
@@ -182,17 +178,15 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         inference_microbatch_size=inference_microbatch_size,
         train_batch_size=args.train_batch_size,
         train_minibatch_size=args.train_batch_size,
-        # NOTE: the legacy script fed random token ids (a throughput benchmark); the engine reads prompts from a
-        #       file: pass --prompt_path. See migration_guide/rewriter.md#dataset
+        # NOTE: the legacy collate function cut or padded every prompt of the CSV's prompt column to exactly
+        #       prompt_tokens tokens; the engine reads the same column (raw text, no chat template), pads per batch
+        #       and cuts over-long prompts on the left, keeping their end. The data loader ran inside each maker;
+        #       here the engine samples the prompts. (legacy line 65) See migration_guide/rewriter.md#dataset
         train_dataset_config={"path": args.prompt_path, "max_length": prompt_tokens},
         # NOTE: model families (args.critic_model, args.model) are no longer chosen: every model is a local Hugging
         #       Face checkpoint whose config.json sets the architecture. The reward model loads as a sequence
         #       classifier with one label, the critic as the checkpoint's trunk plus a value head. See
         #       migration_guide/rewriter.md#models
-        # NOTE: the legacy critic, reward model had random weights of the shape of args.critic_pretrain's config
-        #       (AutoConfig); the engine loads that checkpoint's weights. See migration_guide/rewriter.md#models
-        # NOTE: the legacy actor, initial model had random weights of the shape of args.pretrain's config
-        #       (AutoConfig); the engine loads that checkpoint's weights. See migration_guide/rewriter.md#models
         # NOTE: --critic_pretrain defaults to None, which legacy read as 'random weights of a default-size model';
         #       the engine needs a local checkpoint directory: pass --critic_pretrain. See
         #       migration_guide/rewriter.md#models
@@ -202,7 +196,7 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         #       model and needs a pad token there (save one with save_pretrained). See
         #       migration_guide/rewriter.md#models
         # NOTE: the maker's strategy_fn has no counterpart: producers generate with the inference backend
-        #       (--inference_backend) and need no training strategy. (legacy line 101) See
+        #       (--inference_backend) and need no training strategy. (legacy line 72) See
         #       migration_guide/rewriter.md#maker-strategy
         inference_model_config={"path": args.pretrain},
         # NOTE: max_length counted prompt and response together (prompts were padded to prompt_tokens);
@@ -214,8 +208,6 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         #       was 1/r), every linear layer the legacy LoRA replaced (see lora_config). Only the adapters train,
         #       and only they are published to the producers. The legacy critic had LoRA too; the engine's critic
         #       trains fully. See migration_guide/rewriter.md#lora
-        # NOTE: the GPTQ-quantized initial model (llama_load_quant) is not translated: the reference model is loaded
-        #       unquantized from train_model_config's path. See migration_guide/rewriter.md#initial-model
         train_model_config=train_model_config,
         # NOTE: DetachedPPOTrainer hard-coded lr=1e-07 for the actor and the critic; it is the default of --lr here
         #       (grpo_config lr and critic_lr). See migration_guide/rewriter.md#learning-rate
@@ -225,19 +217,19 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         #       migration_guide/rewriter.md#kl-and-advantages
         # NOTE: train_epochs -> grpo_config['ppo_epochs']: legacy replayed an episode's update_steps batches
         #       (shuffled) for train_epochs - 1 more epochs before pushing the weights; the engine passes over a
-        #       round's batches ppo_epochs times, in order, before publishing a weight version. (legacy line 182)
+        #       round's batches ppo_epochs times, in order, before publishing a weight version. (legacy line 129)
         #       See migration_guide/rewriter.md#train-epochs
         grpo_config={"lr": args.lr, "critic_lr": args.lr, "kl_coef": 0.1, "ppo_epochs": args.train_epochs},
-        # NOTE: strategies map to Booster plugins: ddp -> 'ddp', colossalai_zero2 -> 'zero2', colossalai_gemini ->
-        #       'gemini'; the _cpu variants offload to CPU (cpu_offload, offload_*_frac). Legacy ZeRO and Gemini
-        #       trained in fp16, the plugins default to bf16. Both need CUDA: on a CPU host add
-        #       'allow_cpu_fallback': True to plugin_config to train with 'ddp'. See
+        # NOTE: strategies map to Booster plugins: naive and ddp -> 'ddp', colossalai_zero2 -> 'zero2',
+        #       colossalai_gemini -> 'gemini'; the _cpu variants offload to CPU (cpu_offload, offload_*_frac).
+        #       Legacy ZeRO and Gemini trained in fp16, the plugins default to bf16. Both need CUDA: on a CPU host
+        #       add 'allow_cpu_fallback': True to plugin_config to train with 'ddp'. See
         #       migration_guide/rewriter.md#trainer-strategy
         plugin_config=legacy_plugin_config(args.trainer_strategy),
         inference_backend=args.inference_backend,
         num_generations=1,
         core_algo="PPO",
-        project_name="mmmt_dummy",
+        project_name="ppo_many_roles",
         critic_model_config={"path": args.critic_pretrain},
         reward_model_config={"path": args.critic_pretrain},
         run_dir=args.run_dir,

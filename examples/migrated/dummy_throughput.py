@@ -1,8 +1,8 @@
-"""lora_prompt, migrated from the legacy coati.ray API to coati_relay.launch_distributed.
+"""dummy_throughput, migrated from the legacy coati.ray API to coati_relay.launch_distributed.
 
-Written by `python -m coati_compat.migrate lora_prompt.py`. The legacy command-line flags keep their names and
-defaults; added: --lr, --num_episodes, --inference_backend, --run_dir. Every `# NOTE:` says what happened to a
-legacy setting without an exact counterpart, with a link into the migration guide.
+Written by `python -m coati_compat.migrate dummy_throughput.py`. The legacy command-line flags keep their names and
+defaults; added: --prompt_path, --reward_model_path, --lr, --num_episodes, --inference_backend, --run_dir. Every `#
+NOTE:` says what happened to a legacy setting without an exact counterpart, with a link into the migration guide.
 """
 from __future__ import annotations
 
@@ -14,48 +14,36 @@ from typing import Any, Dict
 #       creates and places its actors itself (a GPU each where the cluster has enough, CPU shares otherwise). See
 #       migration_guide/rewriter.md#placement
 # NOTE: ray.init(...) is not needed: launch_distributed starts Ray when it is not running, and no RAY_NAMESPACE is
-#       read (the engine's actors are not looked up by name). (legacy line 192) See
+#       read (the engine's actors are not looked up by name). (legacy line 141) See
 #       migration_guide/rewriter.md#placement
 # NOTE: env_info (rank, world size, master address and port) has no counterpart: the engine sets up the consumers'
-#       process group itself. (legacy line 94) See migration_guide/rewriter.md#env-info
-# NOTE: experience_batch_size given to ExperienceMakerHolder landed in the legacy generate() keywords, where it did
-#       nothing; the batch size is inference_microbatch_size. (legacy line 94) See
-#       migration_guide/rewriter.md#generation
-# NOTE: debug: the engine reports through the logging module (coati_relay loggers). (legacy line 94) See
+#       process group itself. (legacy line 72) See migration_guide/rewriter.md#env-info
+# NOTE: sync_models_from_trainers: producers always start from the weights the consumers publish first (version 0).
+#       (legacy line 72) See migration_guide/rewriter.md#initial-sync
+# NOTE: eval_performance: throughput and timings are always measured: RunResult.summary and the history
+#       (samples_per_s, generate_s, train_s, weight_sync_s). (legacy line 72) See
 #       migration_guide/rewriter.md#callbacks
-# NOTE: update_lora_weights: with train_model_config['lora'] the engine publishes only the adapters, and producers
-#       rebuild W0 + scaling*B@A on each sync (replacing the previous push, not adding to it). (legacy line 94) See
-#       migration_guide/rewriter.md#lora
-# NOTE: do_sample: the engine always samples (temperature, top_k, top_p). (legacy line 94) See
+# NOTE: do_sample: the engine always samples (temperature, top_k, top_p). (legacy line 72) See
 #       migration_guide/rewriter.md#generation
 # NOTE: pad_token_id/eos_token_id: taken from the tokenizer saved with the model; each response ends at its EOS
-#       token. (legacy line 94) See migration_guide/rewriter.md#generation
-# NOTE: eval_performance: throughput and timings are always measured: RunResult.summary and the history
-#       (samples_per_s, generate_s, train_s, weight_sync_s). (legacy line 94) See
-#       migration_guide/rewriter.md#callbacks
-# NOTE: use_cache: generation always uses a KV cache. (legacy line 94) See migration_guide/rewriter.md#generation
+#       token. (legacy line 72) See migration_guide/rewriter.md#generation
 # NOTE: buffer_limit=16: the engine's queue holds at most (n_behind + 1) rounds of rollouts and blocks producers
 #       beyond that (legacy makers were never throttled); n_behind=0, the default, keeps training on-policy. (legacy
-#       line 122) See migration_guide/rewriter.md#buffer
-# NOTE: --maker_strategy, --critic_model, --experience_steps, --initial_model_quant_ckpt, --quant_bits,
-#       --quant_group_size, --debug are still accepted, so legacy command lines keep working, but have no effect:
-#       what they set has no counterpart (see the other NOTEs). See migration_guide/rewriter.md#unused-flags
+#       line 91) See migration_guide/rewriter.md#buffer
+# NOTE: sync_models_to_remote_makers() is not needed: producers always start from the weights the consumers publish
+#       first (version 0). (legacy line 107) See migration_guide/rewriter.md#initial-sync
+# NOTE: --maker_strategy, --model, --experience_steps, --save_dir are still accepted, so legacy command lines keep
+#       working, but have no effect: what they set has no counterpart (see the other NOTEs). See
+#       migration_guide/rewriter.md#unused-flags
 
 
 LEGACY_STRATEGY_PLUGINS = {
+    "naive": {"plugin": "ddp"},
     "ddp": {"plugin": "ddp"},
     "colossalai_zero2": {"plugin": "zero2"},
     "colossalai_zero2_cpu": {"plugin": "zero2", "cpu_offload": True},
     "colossalai_gemini": {"plugin": "gemini"},
     "colossalai_gemini_cpu": {"plugin": "gemini", "offload_optim_frac": 1.0, "offload_param_frac": 1.0},
-}
-
-
-LORA_TARGET_MODULES = {
-    "gpt2": ["lm_head"],
-    "bloom": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h", "lm_head"],
-    "opt": ["q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2", "lm_head"],
-    "llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"],
 }
 
 
@@ -65,16 +53,6 @@ def legacy_plugin_config(strategy):
         raise ValueError(f"unknown legacy trainer strategy {strategy!r}; "
                          f"use one of {sorted(LEGACY_STRATEGY_PLUGINS)}")
     return dict(LEGACY_STRATEGY_PLUGINS[strategy])
-
-
-def lora_config(rank, family):
-    """train_model_config["lora"] for the legacy ``lora_rank`` (None for 0: full fine-tuning).
-
-    The legacy scaling was ``1 / rank`` (``lora_alpha=1``); peft's is ``alpha / r``, hence ``alpha=1``.
-    """
-    if rank <= 0:
-        return None
-    return {"r": rank, "alpha": 1, "target_modules": LORA_TARGET_MODULES.get(family)}
 
 
 def max_new_tokens(max_length, prompt_tokens):
@@ -111,29 +89,28 @@ def round_sizes(num_producers, num_consumers, experience_batch_size, train_batch
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="lora_prompt on coati_relay.launch_distributed")
-    parser.add_argument("--prompt_path", type=str, default=None)
+    parser = argparse.ArgumentParser(description="dummy_throughput on coati_relay.launch_distributed")
+    parser.add_argument("--num_makers", type=int, default=1)
     parser.add_argument("--num_trainers", type=int, default=1)
     parser.add_argument(
-        "--trainer_strategy",
-        choices=["ddp", "colossalai_gemini", "colossalai_zero2", "colossalai_gemini_cpu", "colossalai_zero2_cpu"],
-        default="ddp")
-    parser.add_argument("--maker_strategy", choices=["naive"], default="naive")
+        "--trainer_strategy", default="ddp",
+        choices=[
+            "naive", "ddp", "colossalai_gemini", "colossalai_zero2", "colossalai_gemini_cpu", "colossalai_zero2_cpu"]
+    )
+    parser.add_argument("--maker_strategy", default="naive", choices=["naive"])
     parser.add_argument("--model", default="gpt2", choices=["gpt2", "bloom", "opt", "llama"])
-    parser.add_argument("--critic_model", default="gpt2", choices=["gpt2", "bloom", "opt", "llama"])
-    parser.add_argument("--pretrain", type=str, default=None)
-    parser.add_argument("--critic_pretrain", type=str, default=None)
+    parser.add_argument("--pretrain", required=True, help="directory of a model config and its tokenizer")
     parser.add_argument("--experience_steps", type=int, default=4)
     parser.add_argument("--experience_batch_size", type=int, default=8)
-    parser.add_argument("--train_epochs", type=int, default=1)
-    parser.add_argument("--update_steps", type=int, default=2)
     parser.add_argument("--train_batch_size", type=int, default=8)
-    parser.add_argument("--max_length", type=int, default=512)
-    parser.add_argument("--lora_rank", type=int, default=4, help="low-rank adaptation matrices rank")
-    parser.add_argument("--initial_model_quant_ckpt", type=str, default=None)
-    parser.add_argument("--quant_bits", type=int, default=4)
-    parser.add_argument("--quant_group_size", type=int, default=128)
-    parser.add_argument("--debug", action="store_true")
+    parser.add_argument("--update_steps", type=int, default=2)
+    parser.add_argument("--train_epochs", type=int, default=1)
+    parser.add_argument("--prompt_tokens", type=int, default=128)
+    parser.add_argument("--max_length", type=int, default=256)
+    parser.add_argument("--save_dir", default=None)
+    parser.add_argument(
+        "--prompt_path", required=True, help="prompt file: a .csv with a prompt column, or ColossalChat .jsonl")
+    parser.add_argument("--reward_model_path", required=True, help="local checkpoint of the reward model")
     parser.add_argument("--lr", type=float, default=1e-07, help="learning rate of actor and critic")
     parser.add_argument("--num_episodes", type=int, default=1, help="passes over the prompt file (the run length)")
     parser.add_argument(
@@ -144,34 +121,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
     """The keywords of launch_distributed for these command-line arguments."""
-    num_producers = 1
+    num_producers = args.num_makers
     num_consumers = args.num_trainers
     inference_batch_size, inference_microbatch_size = round_sizes(
         num_producers, num_consumers, args.experience_batch_size, args.train_batch_size, args.update_steps)
-    prompt_tokens = 96
-    train_model_config = {"path": args.pretrain}
-    lora = lora_config(args.lora_rank, args.model)
-    if lora:
-        train_model_config["lora"] = lora
+    prompt_tokens = args.prompt_tokens
     return dict(
-        # NOTE: detached_trainer_name_list and experience_maker_holder_name_list have no counterpart: every consumer
-        #       reads one shared rollout queue, so there are no actor names or routes to compute. See
-        #       migration_guide/rewriter.md#routing
+        # NOTE: detached_trainer_name_list and experience_maker_holder_name_list and get_receivers_per_sender have
+        #       no counterpart: every consumer reads one shared rollout queue, so there are no actor names or routes
+        #       to compute. See migration_guide/rewriter.md#routing
         num_producers=num_producers,
         num_proc_per_producer=1,
         num_consumer_procs=num_consumers,
         # NOTE: each maker made workingloop(num_steps=args.experience_steps) batches; each trainer trained
-        #       fit(total_steps=args.experience_batch_size * args.experience_steps // (args.num_trainers *
-        #       args.train_batch_size), update_steps=args.update_steps) batches; that is 4 batches per trainer, 32
-        #       samples in all (flags at their defaults). The engine's run length follows from the data:
-        #       num_episodes * (prompts in the file // (inference_batch_size*num_producers)) rounds; set
-        #       --num_episodes (and the file's size) to match. (legacy line 159) See
+        #       fit(total_steps=args.experience_batch_size * args.experience_steps * args.num_makers //
+        #       (args.num_trainers * args.train_batch_size), update_steps=args.update_steps) batches; that is 4
+        #       batches per trainer, 32 samples in all (flags at their defaults). The engine's run length follows
+        #       from the data: num_episodes * (prompts in the file // (inference_batch_size*num_producers)) rounds;
+        #       set --num_episodes (and the file's size) to match. (legacy line 112) See
         #       migration_guide/rewriter.md#run-length
         num_episodes=args.num_episodes,
-        # NOTE: the legacy data loader fed `args.experience_batch_size * 4` prompts per maker step while the
-        #       trainers' total_steps counted args.experience_batch_size (so most of what was generated was never
-        #       trained on); each producer micro-batch here is args.experience_batch_size prompts. See
-        #       migration_guide/rewriter.md#batch-sizes
         # NOTE: train_batch_size counts prompts; with one response per prompt (num_generations=1) that is the legacy
         #       count of samples. A round (one weight version) is inference_batch_size*num_producers prompts, sized
         #       to hold what the legacy trainers consumed between two weight pushes
@@ -183,25 +152,21 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         inference_microbatch_size=inference_microbatch_size,
         train_batch_size=args.train_batch_size,
         train_minibatch_size=args.train_batch_size,
-        # NOTE: the legacy collate function cut or padded every prompt of the CSV's prompt column to exactly
-        #       prompt_tokens tokens; the engine reads the same column (raw text, no chat template), pads per batch
-        #       and cuts over-long prompts on the left, keeping their end. The data loader ran inside each maker;
-        #       here the engine samples the prompts. (legacy line 143) See migration_guide/rewriter.md#dataset
+        # NOTE: the legacy script fed random token ids (a throughput benchmark); the engine reads prompts from a
+        #       file: pass --prompt_path. See migration_guide/rewriter.md#dataset
         train_dataset_config={"path": args.prompt_path, "max_length": prompt_tokens},
-        # NOTE: model families (args.critic_model, args.model) are no longer chosen: every model is a local Hugging
-        #       Face checkpoint whose config.json sets the architecture. The reward model loads as a sequence
-        #       classifier with one label, the critic as the checkpoint's trunk plus a value head. See
+        # NOTE: ExperienceMakerHolder's model_fn: could not read which model it builds for actor. (legacy line 72)
+        #       See migration_guide/rewriter.md#unread
+        # NOTE: model families (args.model) are no longer chosen: every model is a local Hugging Face checkpoint
+        #       whose config.json sets the architecture. The reward model loads as a sequence classifier with one
+        #       label, the critic as the checkpoint's trunk plus a value head. See
         #       migration_guide/rewriter.md#models
-        # NOTE: --critic_pretrain defaults to None, which legacy read as 'random weights of a default-size model';
-        #       the engine needs a local checkpoint directory: pass --critic_pretrain. See
-        #       migration_guide/rewriter.md#models
+        # NOTE: the legacy actor, critic had random weights of the shape of args.pretrain's config (AutoConfig); the
+        #       engine loads that checkpoint's weights. See migration_guide/rewriter.md#models
         # NOTE: --pretrain defaults to None, which legacy read as 'random weights of a default-size model'; the
         #       engine needs a local checkpoint directory: pass --pretrain. See migration_guide/rewriter.md#models
-        # NOTE: the legacy script set tokenizer.pad_token at run time; the engine reads the tokenizer saved with the
-        #       model and needs a pad token there (save one with save_pretrained). See
-        #       migration_guide/rewriter.md#models
         # NOTE: the maker's strategy_fn has no counterpart: producers generate with the inference backend
-        #       (--inference_backend) and need no training strategy. (legacy line 94) See
+        #       (--inference_backend) and need no training strategy. (legacy line 72) See
         #       migration_guide/rewriter.md#maker-strategy
         inference_model_config={"path": args.pretrain},
         # NOTE: max_length counted prompt and response together (prompts were padded to prompt_tokens);
@@ -209,13 +174,7 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         #       migration_guide/rewriter.md#generation
         generate_config={
             "max_new_tokens": max_new_tokens(args.max_length, prompt_tokens), "temperature": 1.0, "top_k": 50},
-        # NOTE: lora_rank=args.lora_rank -> train_model_config['lora'] (peft): rank r, alpha=1 (the legacy scaling
-        #       was 1/r), every linear layer the legacy LoRA replaced (see lora_config). Only the adapters train,
-        #       and only they are published to the producers. The legacy critic had LoRA too; the engine's critic
-        #       trains fully. See migration_guide/rewriter.md#lora
-        # NOTE: the GPTQ-quantized initial model (llama_load_quant) is not translated: the reference model is loaded
-        #       unquantized from train_model_config's path. See migration_guide/rewriter.md#initial-model
-        train_model_config=train_model_config,
+        train_model_config={"path": args.pretrain},
         # NOTE: DetachedPPOTrainer hard-coded lr=1e-07 for the actor and the critic; it is the default of --lr here
         #       (grpo_config lr and critic_lr). See migration_guide/rewriter.md#learning-rate
         # NOTE: kl_coef: the legacy maker subtracted kl_coef times a sequence-level KL estimate from the reward and
@@ -224,21 +183,23 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         #       migration_guide/rewriter.md#kl-and-advantages
         # NOTE: train_epochs -> grpo_config['ppo_epochs']: legacy replayed an episode's update_steps batches
         #       (shuffled) for train_epochs - 1 more epochs before pushing the weights; the engine passes over a
-        #       round's batches ppo_epochs times, in order, before publishing a weight version. (legacy line 159)
+        #       round's batches ppo_epochs times, in order, before publishing a weight version. (legacy line 112)
         #       See migration_guide/rewriter.md#train-epochs
         grpo_config={"lr": args.lr, "critic_lr": args.lr, "kl_coef": 0.1, "ppo_epochs": args.train_epochs},
-        # NOTE: strategies map to Booster plugins: ddp -> 'ddp', colossalai_zero2 -> 'zero2', colossalai_gemini ->
-        #       'gemini'; the _cpu variants offload to CPU (cpu_offload, offload_*_frac). Legacy ZeRO and Gemini
-        #       trained in fp16, the plugins default to bf16. Both need CUDA: on a CPU host add
-        #       'allow_cpu_fallback': True to plugin_config to train with 'ddp'. See
+        # NOTE: strategies map to Booster plugins: naive and ddp -> 'ddp', colossalai_zero2 -> 'zero2',
+        #       colossalai_gemini -> 'gemini'; the _cpu variants offload to CPU (cpu_offload, offload_*_frac).
+        #       Legacy ZeRO and Gemini trained in fp16, the plugins default to bf16. Both need CUDA: on a CPU host
+        #       add 'allow_cpu_fallback': True to plugin_config to train with 'ddp'. See
         #       migration_guide/rewriter.md#trainer-strategy
         plugin_config=legacy_plugin_config(args.trainer_strategy),
         inference_backend=args.inference_backend,
         num_generations=1,
         core_algo="PPO",
-        project_name="lora_prompt",
-        critic_model_config={"path": args.critic_pretrain},
-        reward_model_config={"path": args.critic_pretrain},
+        project_name="dummy_throughput",
+        critic_model_config={"path": args.pretrain},
+        # NOTE: no checkpoint path was found for the reward model; pass --reward_model_path. See
+        #       migration_guide/rewriter.md#models
+        reward_model_config={"path": args.reward_model_path},
         run_dir=args.run_dir,
     )
 
