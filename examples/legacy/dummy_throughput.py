@@ -38,12 +38,14 @@ def world_of(size):
 
 
 def maker_models(args):
-    """Runs inside a maker: four models of the config's shape; their weights come with the trainers' first push."""
-    with low_resource_init(), no_init_weights():
+    """Runs inside a maker: four models of the config's shape; actor and critic weights come with the trainers'
+    first push."""
+    with low_resource_init(), no_init_weights():  # overwritten by the first push: skip their initialisation
         policy = get_actor_from_args(args.model, config=AutoConfig.from_pretrained(args.pretrain))
         value = get_critic_from_args(args.model, config=AutoConfig.from_pretrained(args.pretrain))
-        scorer = get_reward_model_from_args(args.model, config=AutoConfig.from_pretrained(args.pretrain))
-        reference = get_actor_from_args(args.model, config=AutoConfig.from_pretrained(args.pretrain))
+    # never pushed: these need real (random) weights
+    scorer = get_reward_model_from_args(args.model, config=AutoConfig.from_pretrained(args.pretrain))
+    reference = get_actor_from_args(args.model, config=AutoConfig.from_pretrained(args.pretrain))
     return tuple(model.requires_grad_(False).half().cuda() for model in (policy, value, scorer, reference))
 
 

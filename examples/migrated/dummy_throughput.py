@@ -14,24 +14,24 @@ from typing import Any, Dict
 #       creates and places its actors itself (a GPU each where the cluster has enough, CPU shares otherwise). See
 #       migration_guide/rewriter.md#placement
 # NOTE: ray.init(...) is not needed: launch_distributed starts Ray when it is not running, and no RAY_NAMESPACE is
-#       read (the engine's actors are not looked up by name). (legacy line 141) See
+#       read (the engine's actors are not looked up by name). (legacy line 143) See
 #       migration_guide/rewriter.md#placement
 # NOTE: env_info (rank, world size, master address and port) has no counterpart: the engine sets up the consumers'
-#       process group itself. (legacy line 72) See migration_guide/rewriter.md#env-info
+#       process group itself. (legacy line 74) See migration_guide/rewriter.md#env-info
 # NOTE: sync_models_from_trainers: producers always start from the weights the consumers publish first (version 0).
-#       (legacy line 72) See migration_guide/rewriter.md#initial-sync
+#       (legacy line 74) See migration_guide/rewriter.md#initial-sync
 # NOTE: eval_performance: throughput and timings are always measured: RunResult.summary and the history
-#       (samples_per_s, generate_s, train_s, weight_sync_s). (legacy line 72) See
+#       (samples_per_s, generate_s, train_s, weight_sync_s). (legacy line 74) See
 #       migration_guide/rewriter.md#callbacks
-# NOTE: do_sample: the engine always samples (temperature, top_k, top_p). (legacy line 72) See
+# NOTE: do_sample: the engine always samples (temperature, top_k, top_p). (legacy line 74) See
 #       migration_guide/rewriter.md#generation
 # NOTE: pad_token_id/eos_token_id: taken from the tokenizer saved with the model; each response ends at its EOS
-#       token. (legacy line 72) See migration_guide/rewriter.md#generation
+#       token. (legacy line 74) See migration_guide/rewriter.md#generation
 # NOTE: buffer_limit=16: the engine's queue holds at most (n_behind + 1) rounds of rollouts and blocks producers
 #       beyond that (legacy makers were never throttled); n_behind=0, the default, keeps training on-policy. (legacy
-#       line 91) See migration_guide/rewriter.md#buffer
+#       line 93) See migration_guide/rewriter.md#buffer
 # NOTE: sync_models_to_remote_makers() is not needed: producers always start from the weights the consumers publish
-#       first (version 0). (legacy line 107) See migration_guide/rewriter.md#initial-sync
+#       first (version 0). (legacy line 109) See migration_guide/rewriter.md#initial-sync
 # NOTE: --maker_strategy, --model, --experience_steps, --save_dir are still accepted, so legacy command lines keep
 #       working, but have no effect: what they set has no counterpart (see the other NOTEs). See
 #       migration_guide/rewriter.md#unused-flags
@@ -138,7 +138,7 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         #       (args.num_trainers * args.train_batch_size), update_steps=args.update_steps) batches; that is 4
         #       batches per trainer, 32 samples in all (flags at their defaults). The engine's run length follows
         #       from the data: num_episodes * (prompts in the file // (inference_batch_size*num_producers)) rounds;
-        #       set --num_episodes (and the file's size) to match. (legacy line 112) See
+        #       set --num_episodes (and the file's size) to match. (legacy line 114) See
         #       migration_guide/rewriter.md#run-length
         num_episodes=args.num_episodes,
         # NOTE: train_batch_size counts prompts; with one response per prompt (num_generations=1) that is the legacy
@@ -155,7 +155,7 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         # NOTE: the legacy script fed random token ids (a throughput benchmark); the engine reads prompts from a
         #       file: pass --prompt_path. See migration_guide/rewriter.md#dataset
         train_dataset_config={"path": args.prompt_path, "max_length": prompt_tokens},
-        # NOTE: ExperienceMakerHolder's model_fn: could not read which model it builds for actor. (legacy line 72)
+        # NOTE: ExperienceMakerHolder's model_fn: could not read which model it builds for actor. (legacy line 74)
         #       See migration_guide/rewriter.md#unread
         # NOTE: model families (args.model) are no longer chosen: every model is a local Hugging Face checkpoint
         #       whose config.json sets the architecture. The reward model loads as a sequence classifier with one
@@ -166,7 +166,7 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         # NOTE: --pretrain defaults to None, which legacy read as 'random weights of a default-size model'; the
         #       engine needs a local checkpoint directory: pass --pretrain. See migration_guide/rewriter.md#models
         # NOTE: the maker's strategy_fn has no counterpart: producers generate with the inference backend
-        #       (--inference_backend) and need no training strategy. (legacy line 72) See
+        #       (--inference_backend) and need no training strategy. (legacy line 74) See
         #       migration_guide/rewriter.md#maker-strategy
         inference_model_config={"path": args.pretrain},
         # NOTE: max_length counted prompt and response together (prompts were padded to prompt_tokens);
@@ -183,7 +183,7 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         #       migration_guide/rewriter.md#kl-and-advantages
         # NOTE: train_epochs -> grpo_config['ppo_epochs']: legacy replayed an episode's update_steps batches
         #       (shuffled) for train_epochs - 1 more epochs before pushing the weights; the engine passes over a
-        #       round's batches ppo_epochs times, in order, before publishing a weight version. (legacy line 112)
+        #       round's batches ppo_epochs times, in order, before publishing a weight version. (legacy line 114)
         #       See migration_guide/rewriter.md#train-epochs
         grpo_config={"lr": args.lr, "critic_lr": args.lr, "kl_coef": 0.1, "ppo_epochs": args.train_epochs},
         # NOTE: strategies map to Booster plugins: naive and ddp -> 'ddp', colossalai_zero2 -> 'zero2',
