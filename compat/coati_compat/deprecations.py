@@ -65,11 +65,12 @@ def _build_table() -> Dict[str, Deprecation]:
     launch = "coati_relay.launch_distributed(...)"
     hf_models = "a Hugging Face checkpoint path in the model configs of " + launch
     plugins = "plugin_config of " + launch + " (plugins 'ddp', 'zero2', 'gemini', 'hybrid')"
+    queue = "the engine's rollout queue, which " + launch + " sets up (coati_relay.rollout_queue)"
 
     # coati.ray: the Ray roles (served by coati_compat.shims) and their helpers.
     modules("coati_compat.shims.trainer_base", "a consumer started by " + launch, "coati.ray.detached_trainer_base")
     modules("coati_compat.shims.ppo_trainer", launch + " with core_algo='PPO'", "coati.ray.detached_trainer_ppo")
-    modules("coati_compat.shims.replay_buffer", "coati_relay.rollout_queue.RolloutQueue",
+    modules("coati_compat.shims.replay_buffer", queue,
             "coati.ray.detached_replay_buffer")
     modules("coati_compat.shims.maker_holder", "a producer started by " + launch, "coati.ray.experience_maker_holder")
     names("coati.ray.detached_trainer_base", "coati_compat.shims.trainer_base",
@@ -77,7 +78,7 @@ def _build_table() -> Dict[str, Deprecation]:
     names("coati.ray.detached_trainer_ppo", "coati_compat.shims.ppo_trainer",
           {"DetachedPPOTrainer": launch + " with core_algo='PPO'"})
     names("coati.ray.detached_replay_buffer", "coati_compat.shims.replay_buffer",
-          {"DetachedReplayBuffer": "coati_relay.rollout_queue.RolloutQueue"})
+          {"DetachedReplayBuffer": queue})
     names("coati.ray.experience_maker_holder", "coati_compat.shims.maker_holder",
           {"ExperienceMakerHolder": "a producer started by " + launch})
 
@@ -94,7 +95,7 @@ def _build_table() -> Dict[str, Deprecation]:
         "set_dist_env": launch + ", which sets up the process groups itself",
         "get_model_numel": "sum(p.numel() for p in model.parameters())",
         "get_grad_required_state_dict": "coati_relay.weight_sync",
-        "get_receivers_per_sender": "the engine's RolloutQueue, which every consumer reads (no routing to compute)",
+        "get_receivers_per_sender": "the engine's rollout queue, which every consumer reads (no routing to compute)",
         "state_dict_to": "coati_relay.weight_sync, which keeps each tensor's dtype",
     })
     modules("coati_compat.legacy.callbacks", "the metrics history returned by " + launch,
@@ -134,14 +135,13 @@ def _build_table() -> Dict[str, Deprecation]:
         "zero_pad_sequences": "torch.nn.utils.rnn.pad_sequence",
     })
     # coati.replay_buffer (reference version) and coati.experience_buffer (final release): in-process buffers.
-    buffers = "the engine's rollout queue, which launch_distributed sets up (coati_relay.rollout_queue)"
-    modules("coati_compat.legacy.replay_buffer", buffers, "coati.replay_buffer", "coati.replay_buffer.base",
+    modules("coati_compat.legacy.replay_buffer", queue, "coati.replay_buffer", "coati.replay_buffer.base",
             "coati.replay_buffer.naive", "coati.experience_buffer", "coati.experience_buffer.base",
             "coati.experience_buffer.naive")
     names("coati.replay_buffer", "coati_compat.legacy.replay_buffer",
-          {"ReplayBuffer": buffers, "NaiveReplayBuffer": buffers})
+          {"ReplayBuffer": queue, "NaiveReplayBuffer": queue})
     names("coati.experience_buffer", "coati_compat.legacy.replay_buffer",
-          {"ExperienceBuffer": buffers, "NaiveExperienceBuffer": buffers})
+          {"ExperienceBuffer": queue, "NaiveExperienceBuffer": queue})
 
     # coati.trainer.strategies: the strategies, mapped onto the engine's plugins.
     modules("coati_compat.legacy.strategies", plugins, "coati.trainer.strategies",
