@@ -22,7 +22,7 @@ from coati_compat.reference import experience as ref_exp
 from coati_compat.reference import lora as ref_lora
 from coati_compat.reference import losses as ref_losses
 from coati_compat.reference import ray_helpers as ref_ray
-from coati_relay.algorithms import legacy_advantage
+from coati_compat.legacy.ppo_shaping import legacy_advantage
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 

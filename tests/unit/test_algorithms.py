@@ -1,4 +1,4 @@
-"""coati_relay.algorithms: hand-computed values for every estimator, loss and KL, and the legacy formulas."""
+"""coati_relay.algorithms: hand-computed values for every estimator, loss and KL, by hand."""
 from __future__ import annotations
 
 import math
@@ -44,7 +44,7 @@ def test_whiten_uses_valid_entries_only():
 
 # -------------------------------------------------------------------------------------------------- registry
 def test_registry_lists_and_finds_every_kind():
-    assert {"legacy", "grpo", "dapo", "rloo", "reinforce_pp", "reinforce_ppb", "gae"} <= set(alg.names("advantage"))
+    assert {"grpo", "dapo", "rloo", "reinforce_pp", "reinforce_ppb", "gae"} <= set(alg.names("advantage"))
     assert alg.names("kl") == ["k1", "k2", "k3"]
     assert alg.get("policy_loss", "ppo_clip") is alg.policy_loss
     assert alg.get("value_loss", "clipped") is alg.value_loss
@@ -73,13 +73,6 @@ def test_register_adds_a_new_name():
 
 
 # -------------------------------------------------------------------------------------------------- advantages
-def test_legacy_advantage():
-    out = alg.get("advantage", "legacy")(T([1.0, 2.0]), T([0.5, 3.0]))
-    close(out, [[0.5], [-1.0]])
-    with pytest.raises(ValueError, match=r"\[B\]"):
-        alg.legacy_advantage(T([[1.0]]), T([[1.0]]))
-
-
 REWARDS = T([1.0, 0.0, 0.0, 1.0, 2.0, 4.0, 6.0, 8.0])  # two groups of G = 4
 
 
@@ -159,14 +152,6 @@ def test_kl_estimators_by_hand():
 LOGP = T([[-1.0, -2.0, -3.0], [-0.5, -0.5, -0.5]])
 REF = T([[-1.5, -1.0, -3.0], [-0.5, -1.5, -9.0]])
 AMASK = T([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
-
-
-def test_legacy_kl_shaped_reward_by_hand():
-    # k3 row 0: (e^-0.5 - 0.5, e - 2, 0), mean 0.2749375; row 1: (0, e^-1), mean 0.1839397 (masked third token)
-    out = alg.legacy_kl_shaped_reward(T([1.0, 2.0]), LOGP, REF, AMASK, kl_coef=0.1)
-    close(out, [0.9725063, 1.9816060])
-    r = T([1.0, 2.0])
-    assert alg.legacy_kl_shaped_reward(r, LOGP, REF, AMASK, kl_coef=0.0) is r
 
 
 def test_token_level_rewards_by_hand():

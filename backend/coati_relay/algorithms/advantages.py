@@ -1,6 +1,5 @@
 """Advantage estimators, registered under kind ``"advantage"``.
 
-- ``legacy``: the legacy maker's ``A = r - V`` per sequence (no GAE, no normalisation).
 - ``grpo`` / ``dapo`` / ``rloo`` / ``reinforce_pp`` (alias ``reinforce_ppb``): group-relative baselines over the
   G responses of each prompt, computed on the raw reward.
 - ``gae``: generalised advantage estimation over per-token rewards and values (PPO with a critic).
@@ -15,18 +14,6 @@ from coati_relay.algorithms.masked import whiten
 from coati_relay.algorithms.registry import register
 
 GROUP_ALGOS = ("grpo", "dapo", "rloo", "reinforce_pp", "reinforce_ppb")
-
-
-@register("advantage", "legacy")
-def legacy_advantage(reward: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """``A = r - V``, unsqueezed to ``[B, 1]`` so that it broadcasts over tokens.
-
-    reward: [B] (the KL-shaped reward), value: [B] (critic value per sequence). Returns [B, 1].
-    """
-    if reward.dim() != 1 or reward.shape != value.shape:
-        raise ValueError(f"legacy_advantage needs reward and value of one shape [B]; got "
-                         f"{tuple(reward.shape)} and {tuple(value.shape)}")
-    return (reward - value).unsqueeze(-1)
 
 
 def group_advantage(rewards: torch.Tensor, group_size: int, algo: str, eps: float = 1e-4) -> torch.Tensor:

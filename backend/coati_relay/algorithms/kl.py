@@ -1,16 +1,15 @@
-"""KL estimators (registered under kind ``"kl"``) and KL reward shaping.
+"""KL estimators (registered under kind ``"kl"``) and per-token KL rewards.
 
 With ``x = ref_logp - logp`` per token (samples drawn from the current policy pi, reference pi_ref):
   k1 = -x                 unbiased, high variance, can be negative
   k2 = x^2 / 2            biased, low variance
-  k3 = exp(x) - 1 - x     unbiased, non-negative (the legacy maker's and ColossalChat's estimator)
-No clamping is applied, so the legacy numbers are reproduced exactly.
+  k3 = exp(x) - 1 - x     unbiased, non-negative (ColossalChat's estimator)
+No clamping is applied.
 """
 from __future__ import annotations
 
 import torch
 
-from coati_relay.algorithms.masked import masked_mean
 from coati_relay.algorithms.registry import get, register
 
 
@@ -42,23 +41,6 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
     """Per-token KL(pi || pi_ref) estimate of ``kind`` (k1, k2, k3). logp, ref_logp: [B,T]. Returns [B,T]."""
     return get("kl", kind)(logp, ref_logp)
-
-
-def legacy_kl_shaped_reward(r: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor,
-                            action_mask: torch.Tensor | None, kl_coef: float) -> torch.Tensor:
-    """The legacy maker's reward: ``r - kl_coef * masked_mean(k3, action_mask, dim=1)``.
-
-    r: [B] reward-model score; logp, ref_logp: [B,A] actor and initial-model log-probs of the actions;
-    action_mask: [B,A] (None: every action counts). Returns [B]. ``kl_coef <= 0`` returns ``r`` unchanged.
-    """
-    if r.dim() != 1 or logp.dim() != 2 or logp.size(0) != r.size(0):
-        raise ValueError(f"legacy_kl_shaped_reward needs r [B] and logp [B,A]; got {tuple(r.shape)} and "
-                         f"{tuple(logp.shape)}")
-    if kl_coef <= 0:
-        return r
-    k3 = kl_k3(logp, ref_logp)
-    kl = k3.mean(dim=1) if action_mask is None else masked_mean(k3, action_mask, dim=1)
-    return r - kl_coef * kl
 
 
 def token_level_rewards(r: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,

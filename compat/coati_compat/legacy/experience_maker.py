@@ -8,7 +8,7 @@ the legacy maker (legacy_spec §A.5, steps 1-7):
 5. ``value = critic(sequences, action_mask, attention_mask)`` [B], ``r = reward_model(sequences, attention_mask)`` [B];
 6. ``reward = r - kl_coef * KL`` (k3 estimate, masked mean over the actions; ``kl_coef <= 0``: ``r``);
 7. ``advantage = reward - value``, [B,1].
-Steps 6 and 7 are ``coati_relay.algorithms.legacy_kl_shaped_reward`` and ``legacy_advantage``.
+Steps 6 and 7 are ``coati_compat.legacy.ppo_shaping.legacy_kl_shaped_reward`` and ``legacy_advantage``.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from torch import nn
 
 from coati_compat.deprecations import deprecated_api
 from coati_compat.legacy.experience import Experience
-from coati_relay.algorithms import legacy_advantage, legacy_kl_shaped_reward
+from coati_compat.legacy.ppo_shaping import legacy_advantage, legacy_kl_shaped_reward
 
 __all__ = ["Experience", "ExperienceMaker", "NaiveExperienceMaker"]
 

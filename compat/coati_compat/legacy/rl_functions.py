@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from coati_compat.deprecations import deprecated_api
-from coati_relay.algorithms import kl_k3, legacy_kl_shaped_reward
+from coati_compat.legacy.ppo_shaping import legacy_kl_shaped_reward
+from coati_relay.algorithms import kl_k3
 from coati_relay.algorithms import masked_mean as _masked_mean
 
 
