@@ -1,13 +1,15 @@
-"""The `coati-relay` command: ``run CONFIG.yaml``, ``plot RUN_DIR...``, ``demo``."""
+"""The `coati-relay` command: ``run CONFIG.yaml``, ``plot RUN_DIR...``, ``demo``, and the subcommands other packages
+register under the entry-point group ``coati_relay.subcommands`` (``migrate``, from coati_compat)."""
 from __future__ import annotations
 
 import argparse
 import logging
 import os
 import sys
+from importlib.metadata import entry_points
 from typing import List, Optional
 
-from coati_compat.migrate.cli import add_subcommand as add_migrate_subcommand
+SUBCOMMAND_GROUP = "coati_relay.subcommands"
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -43,6 +45,17 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_registered_subcommands(sub: argparse._SubParsersAction) -> None:
+    """Calls each ``coati_relay.subcommands`` entry point with ``sub``; one whose package is not importable (the
+    engine installed without coati_compat) is left out."""
+    for entry in entry_points(group=SUBCOMMAND_GROUP):
+        try:
+            add = entry.load()
+        except ImportError:
+            continue
+        add(sub)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -59,7 +72,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p_plot.add_argument("run_dirs", nargs="+")
     p_plot.add_argument("-o", "--out", default=None)
     p_plot.set_defaults(fn=_plot)
-    add_migrate_subcommand(sub)
+    add_registered_subcommands(sub)
     sub.add_parser("demo", help="GRPO, PPO and the legacy API on the toy task", add_help=False)
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "demo":
