@@ -17,7 +17,8 @@ import logging
 import threading
 import time
 import tracemalloc
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import ray
 import torch
@@ -99,7 +100,9 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
         actor, critic, reward_model, initial_model = self.strategy.prepare(actor, critic, reward_model,
                                                                            initial_model)
         self.experience_maker = NaiveExperienceMaker(actor, critic, reward_model, initial_model, kl_coef=kl_coef)
-        self._model_visit_lock = threading.Lock()
+        self._model_visit_lock = threading.Lock()  # held by one generation or one shard load at a time
+        self._pushes = threading.Condition()  # guards _open_pushes; generation starts only when it is 0
+        self._open_pushes = 0
         self._is_fully_initialized = not sync_models_from_trainers
         self._debug = debug
         self._update_lora_weights = update_lora_weights
@@ -208,7 +211,11 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
 
     def _inference_step(self, batch: Any) -> None:
         self._on_batch_start()
-        with self._model_visit_lock:
+        with self._pushes:
+            if not self._pushes.wait_for(lambda: self._open_pushes == 0, timeout=self.wait_timeout_s):
+                raise TimeoutError(f"a weight push stayed open (chunk_start without chunk_end) for "
+                                   f"{self.wait_timeout_s:.0f}s; a trainer died mid-push?")
+        with self._locked_model():  # a push opened since then waits for this generation, as legacy chunk_start did
             self._on_make_experience_start()
             experience = self._make_experience(batch)
             self._on_make_experience_end(experience)
@@ -238,14 +245,34 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
                                 new_critic_lora_config_dict: Optional[Dict[str, Any]] = None,
                                 fully_update: bool = False, chunk_start: Optional[bool] = None,
                                 chunk_end: Optional[bool] = None) -> None:
-        """One call of the chunked push: ``chunk_start`` takes the model lock (after any generation in flight),
-        payload calls load actor and critic shards, ``chunk_end`` releases it (and ends a full initial sync)."""
-        if chunk_start:
-            if not self._model_visit_lock.acquire(timeout=self.wait_timeout_s):
-                raise TimeoutError(f"the model lock stayed taken for {self.wait_timeout_s:.0f}s")
-            if self._debug:
-                tracemalloc.start()
+        """One call of the chunked push: ``chunk_start`` opens a push (no generation starts until every open push
+        has ended) and waits for a generation in flight, payload calls load actor and critic shards, ``chunk_end``
+        closes the push (and ends a full initial sync). Pushes of several trainers may overlap (legacy: one lock
+        held from start to end, which deadlocked two trainers pushing to one maker)."""
         lora = self._update_lora_weights and not fully_update
+        with self._locked_model():  # lock, then condition (generation takes them one after the other)
+            if chunk_start:
+                with self._pushes:
+                    self._open_pushes += 1
+                if self._debug:
+                    tracemalloc.start()
+            self._load_pushed(new_actor_state_dict, new_actor_lora_config_dict, new_critic_state_dict,
+                              new_critic_lora_config_dict, lora)
+        if chunk_end:
+            self._end_push(fully_update)
+
+    @contextmanager
+    def _locked_model(self) -> Iterator[None]:
+        if not self._model_visit_lock.acquire(timeout=self.wait_timeout_s):
+            raise TimeoutError(f"the models stayed locked (a generation or a weight load) for "
+                               f"{self.wait_timeout_s:.0f}s")
+        try:
+            yield
+        finally:
+            self._model_visit_lock.release()
+
+    def _load_pushed(self, new_actor_state_dict, new_actor_lora_config_dict, new_critic_state_dict,
+                     new_critic_lora_config_dict, lora: bool) -> None:
         if new_actor_state_dict is not None:
             actor = self.strategy.unwrap_model(self.experience_maker.actor)  # HF model: HF keys
             self._load(actor, new_actor_state_dict, new_actor_lora_config_dict, lora, "actor",
@@ -254,10 +281,12 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
             critic = self.strategy.unwrap_model(self.experience_maker.critic)  # Critic keys
             self._load(critic, new_critic_state_dict, new_critic_lora_config_dict, lora, "critic",
                        getattr(self, "critic_lora_constructor", None))
-        if chunk_end:
-            if not self._model_visit_lock.locked():
+
+    def _end_push(self, fully_update: bool) -> None:
+        with self._pushes:
+            if not self._open_pushes:
                 raise RuntimeError("update_experience_maker(chunk_end=True) without a chunk_start first")
-            if self._debug:
+            if self._debug and tracemalloc.is_tracing():
                 current, peak = tracemalloc.get_traced_memory()
                 tracemalloc.stop()
                 logger.debug("[maker] weight update memory: current %.1f MB, peak %.1f MB", current / 2**20,
@@ -265,7 +294,8 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
             self.weight_version += 1
             if fully_update:
                 self._is_fully_initialized = True
-            self._model_visit_lock.release()
+            self._open_pushes -= 1
+            self._pushes.notify_all()
 
     @staticmethod
     def _load(module: torch.nn.Module, state_dict: Dict[str, torch.Tensor], lora_config: Optional[Dict[str, Any]],

@@ -333,10 +333,10 @@ def test_weight_push_protocol_loads_hf_and_critic_keys():
     critic_sd = next(trainer._get_model_state_dict_shard(trainer.critic, fully_update=True))
     assert not maker._is_fully_initialized
     maker.update_experience_maker(chunk_start=True, fully_update=True)
-    assert maker._model_visit_lock.locked()
+    assert maker._open_pushes == 1
     maker.update_experience_maker(new_actor_state_dict=actor_sd, new_critic_state_dict=critic_sd, fully_update=True)
     maker.update_experience_maker(chunk_end=True, fully_update=True)
-    assert maker._is_fully_initialized and not maker._model_visit_lock.locked()
+    assert maker._is_fully_initialized and maker._open_pushes == 0
     assert maker.get_weight_version() == 1
     got = maker.experience_maker.actor.model.state_dict()["model.layers.0.mlp.up_proj.weight"]
     torch.testing.assert_close(got, actor_sd["model.layers.0.mlp.up_proj.weight"].float())
@@ -344,6 +344,26 @@ def test_weight_push_protocol_loads_hf_and_critic_keys():
     torch.testing.assert_close(got, critic_sd["value_head.weight"].float())
     with pytest.raises(RuntimeError, match="without a chunk_start"):
         maker.update_experience_maker(chunk_end=True)
+
+
+def test_overlapping_pushes_of_two_trainers_complete_and_hold_back_generation():
+    """Two trainers pushing to one maker at once (1 maker, 2 trainers): the legacy lock held from chunk_start to
+    chunk_end made the second chunk_start wait forever in the single model_io thread."""
+    maker = make_maker(wait_timeout_s=1.0)
+    shard = {"value_head.bias": torch.zeros(1)}
+    maker.update_experience_maker(chunk_start=True)
+    maker.update_experience_maker(chunk_start=True)
+    maker.update_experience_maker(new_critic_state_dict=shard)
+    maker.update_experience_maker(new_critic_state_dict=shard)
+    maker.update_experience_maker(chunk_end=True)
+    with pytest.raises(TimeoutError, match="weight push stayed open"):
+        maker._inference_step(torch.randint(2, 300, (2, 6)))  # one push is still open
+    maker.update_experience_maker(chunk_end=True)
+    assert maker.get_weight_version() == 2 and maker._open_pushes == 0
+    with maker._model_visit_lock:
+        with pytest.raises(TimeoutError, match="models stayed locked"):
+            maker.update_experience_maker(chunk_start=True)  # waits for the generation in flight
+    assert maker._open_pushes == 0
 
 
 def test_pushed_keys_that_name_nothing_raise():
