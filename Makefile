@@ -7,7 +7,7 @@ export VLLM_ENABLE_V1_MULTIPROCESSING := 0
 export VLLM_CPU_KVCACHE_SPACE := 1
 export RAY_DEDUP_LOGS := 0
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast lint bench clean
 
 setup:
 	@bash scripts/setup_env.sh
@@ -21,6 +21,9 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest tests -q -m "not slow"
+
+lint: setup  # ruff: pyflakes, pycodestyle, import order (configuration in pyproject.toml)
+	$(VENV)/bin/ruff check .
 
 bench: setup
 	$(PY) -m pytest benchmarks -q --benchmark-only

@@ -1,6 +1,7 @@
 """`WeightSync`: the consumer publishes weight version v once; every producer fetches and loads it.
 
-A published version is one flat buffer per dtype in the object store plus a small table of (name, dtype, shape, offset). LoRA-only sync publishes just the adapters
+A published version is one flat buffer per dtype in the object store plus a small table of (name, dtype, shape,
+offset). LoRA-only sync publishes just the adapters
 (``A [r, in]``, ``B [out, r]`` and the scaling per target weight); the producer rebuilds ``W = W0 + scaling * B @ A``
 from the base weights it keeps, replacing (never accumulating onto) what it loaded before.
 """

@@ -3,7 +3,8 @@ the legacy concurrency groups, implementing ``training_step`` and ``_update_remo
 
 The trainer runs a plain policy-gradient step (``-A * mean log-prob`` of the actions, no critic) and pushes the
 actor's weights to its makers with the chunked ``update_experience_maker`` protocol. A callback writes each step's
-metrics to ``--metrics_path``. Run with ``RAY_NAMESPACE`` set, e.g.::
+metrics to ``--metrics_path``; with ``--save_dir`` the actor's weights are saved before and after training
+(``actor0_start.pt``, ``actor0_end.pt``). Run with ``RAY_NAMESPACE`` set, e.g.::
 
     RAY_NAMESPACE=admin python custom_trainer.py --model llama --pretrain <model dir> \
         --critic_pretrain <model dir> --prompt_path prompts.csv --metrics_path metrics.jsonl
@@ -70,6 +71,10 @@ class DetachedPGTrainer(DetachedTrainer):
         return {"pg_loss": loss.item(), "reward": experience.reward.mean().item()}
 
     @ray.method(concurrency_group="model_io")
+    def save_actor(self, path):
+        torch.save(state_dict_to(self.actor.model.state_dict()), path)
+
+    @ray.method(concurrency_group="model_io")
     @torch.no_grad()
     def _update_remote_makers(self, fully_update=False, **config):
         self.update_target_holder_list()
@@ -126,9 +131,14 @@ def main(args):
         dataset = pd.read_csv(args.prompt_path)["prompt"]
         return DataLoader(dataset=dataset, batch_size=args.experience_batch_size, shuffle=True, collate_fn=tokenize_fn)
 
+    if args.save_dir:
+        os.makedirs(args.save_dir, exist_ok=True)
+        ray.get(trainer.save_actor.remote(os.path.join(args.save_dir, "actor0_start.pt")), timeout=TIMEOUT_S)
     total_steps = args.experience_batch_size * args.experience_steps // args.train_batch_size
     ray.get([maker.workingloop.remote(build_dataloader, num_steps=args.experience_steps),
              trainer.fit.remote(total_steps, args.update_steps, args.train_epochs)], timeout=TIMEOUT_S)
+    if args.save_dir:
+        ray.get(trainer.save_actor.remote(os.path.join(args.save_dir, "actor0_end.pt")), timeout=TIMEOUT_S)
     with open(args.metrics_path) as f:
         steps = [json.loads(line) for line in f]
     print(f"custom trainer: {len(steps)} steps, last pg_loss {steps[-1]['pg_loss']:.4f}")
@@ -148,6 +158,7 @@ if __name__ == "__main__":
     parser.add_argument("--max_length", type=int, default=128)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--metrics_path", type=str, default="custom_trainer_metrics.jsonl")
+    parser.add_argument("--save_dir", type=str, default=None)
     args = parser.parse_args()
 
     ray.init(namespace=os.environ["RAY_NAMESPACE"], runtime_env={"env_vars": dict(os.environ)})

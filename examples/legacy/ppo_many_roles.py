@@ -27,6 +27,7 @@ from coati.ray.utils import (
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer
 
+
 def world_of(size):
     """One torch.distributed world on this host: a rendezvous port and the env_info (strings) of each rank."""
     with socket.socket() as probe:

@@ -10,30 +10,30 @@ import argparse
 import math
 from typing import Any, Dict
 
-# NOTE: NOT TRANSLATED: DetachedPGTrainer(DetachedTrainer) defines its own training step (training_step,
+# NOTE: NOT TRANSLATED: DetachedPGTrainer(DetachedTrainer) defines its own training step (training_step, save_actor,
 #       _update_remote_makers): the rewriter cannot translate a custom training_step. launch_distributed trains with
 #       a built-in algorithm (core_algo PPO, GRPO, DAPO, RLOO, REINFORCE_PPB); the call below uses core_algo='PPO'
-#       as the closest stand-in. (legacy line 52) See migration_guide/rewriter.md#custom-classes
+#       as the closest stand-in. (legacy line 53) See migration_guide/rewriter.md#custom-classes
 # NOTE: the callback class MetricsWriter(TrainerCallback) is not translated: the engine has no hooks; read the same
-#       numbers from the returned RunResult.history or run_dir/metrics.jsonl. (legacy line 36) See
+#       numbers from the returned RunResult.history or run_dir/metrics.jsonl. (legacy line 37) See
 #       migration_guide/rewriter.md#callbacks
 # NOTE: .options(max_concurrency, name, num_gpus) on the legacy actors has no counterpart: launch_distributed
 #       creates and places its actors itself (a GPU each where the cluster has enough, CPU shares otherwise). See
 #       migration_guide/rewriter.md#placement
 # NOTE: ray.init(...) is not needed: launch_distributed starts Ray when it is not running, and no RAY_NAMESPACE is
-#       read (the engine's actors are not looked up by name). (legacy line 153) See
+#       read (the engine's actors are not looked up by name). (legacy line 164) See
 #       migration_guide/rewriter.md#placement
-# NOTE: do_sample: the engine always samples (temperature, top_k, top_p). (legacy line 97) See
+# NOTE: do_sample: the engine always samples (temperature, top_k, top_p). (legacy line 102) See
 #       migration_guide/rewriter.md#generation
 # NOTE: pad_token_id/eos_token_id: taken from the tokenizer saved with the model; each response ends at its EOS
-#       token. (legacy line 97) See migration_guide/rewriter.md#generation
+#       token. (legacy line 102) See migration_guide/rewriter.md#generation
 # NOTE: buffer_limit=4: the engine's queue holds at most (n_behind + 1) rounds of rollouts and blocks producers
 #       beyond that (legacy makers were never throttled); n_behind=0, the default, keeps training on-policy. (legacy
-#       line 112) See migration_guide/rewriter.md#buffer
+#       line 117) See migration_guide/rewriter.md#buffer
 # NOTE: callbacks: the engine has no hooks; launch_distributed returns a RunResult whose history holds every step's
-#       metrics (also written to run_dir/metrics.jsonl). (legacy line 112) See migration_guide/rewriter.md#callbacks
-# NOTE: --model, --experience_steps, --metrics_path are still accepted, so legacy command lines keep working, but
-#       have no effect: what they set has no counterpart (see the other NOTEs). See
+#       metrics (also written to run_dir/metrics.jsonl). (legacy line 117) See migration_guide/rewriter.md#callbacks
+# NOTE: --model, --experience_steps, --metrics_path, --save_dir are still accepted, so legacy command lines keep
+#       working, but have no effect: what they set has no counterpart (see the other NOTEs). See
 #       migration_guide/rewriter.md#unused-flags
 
 
@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max_length", type=int, default=128)
     parser.add_argument("--lr", type=float, default=1e-05)
     parser.add_argument("--metrics_path", type=str, default="custom_trainer_metrics.jsonl")
+    parser.add_argument("--save_dir", type=str, default=None)
     parser.add_argument("--num_episodes", type=int, default=1, help="passes over the prompt file (the run length)")
     parser.add_argument(
         "--inference_backend", default="vllm", choices=["vllm", "transformers"], help="how producers generate")
@@ -110,7 +111,7 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         #       update_steps=args.update_steps) batches; that is 4 batches per trainer, 32 samples in all (flags at
         #       their defaults). The engine's run length follows from the data: num_episodes * (prompts in the file
         #       // (inference_batch_size*num_producers)) rounds; set --num_episodes (and the file's size) to match.
-        #       (legacy line 131) See migration_guide/rewriter.md#run-length
+        #       (legacy line 139) See migration_guide/rewriter.md#run-length
         num_episodes=args.num_episodes,
         # NOTE: train_batch_size counts prompts; with one response per prompt (num_generations=1) that is the legacy
         #       count of samples. A round (one weight version) is inference_batch_size*num_producers prompts, sized
@@ -126,7 +127,7 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         # NOTE: the legacy collate function cut or padded every prompt of the CSV's prompt column to exactly
         #       prompt_tokens tokens; the engine reads the same column (raw text, no chat template), pads per batch
         #       and cuts over-long prompts on the left, keeping their end. The data loader ran inside each maker;
-        #       here the engine samples the prompts. (legacy line 126) See migration_guide/rewriter.md#dataset
+        #       here the engine samples the prompts. (legacy line 131) See migration_guide/rewriter.md#dataset
         train_dataset_config={"path": args.prompt_path, "max_length": prompt_tokens},
         # NOTE: model families (args.model) are no longer chosen: every model is a local Hugging Face checkpoint
         #       whose config.json sets the architecture. The reward model loads as a sequence classifier with one
@@ -141,7 +142,7 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         #       model and needs a pad token there (save one with save_pretrained). See
         #       migration_guide/rewriter.md#models
         # NOTE: the maker's strategy_fn has no counterpart: producers generate with the inference backend
-        #       (--inference_backend) and need no training strategy. (legacy line 97) See
+        #       (--inference_backend) and need no training strategy. (legacy line 102) See
         #       migration_guide/rewriter.md#maker-strategy
         inference_model_config={"path": args.pretrain},
         # NOTE: max_length counted prompt and response together (prompts were padded to prompt_tokens);
@@ -155,7 +156,7 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         #       migration_guide/rewriter.md#kl-and-advantages
         # NOTE: train_epochs -> grpo_config['ppo_epochs']: legacy replayed an episode's update_steps batches
         #       (shuffled) for train_epochs - 1 more epochs before pushing the weights; the engine passes over a
-        #       round's batches ppo_epochs times, in order, before publishing a weight version. (legacy line 131)
+        #       round's batches ppo_epochs times, in order, before publishing a weight version. (legacy line 139)
         #       See migration_guide/rewriter.md#train-epochs
         grpo_config={"lr": args.lr, "critic_lr": args.lr, "kl_coef": 0.1, "ppo_epochs": args.train_epochs},
         plugin_config={"plugin": "ddp"},

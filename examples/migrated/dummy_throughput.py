@@ -40,10 +40,16 @@ from typing import Any, Dict
 LEGACY_STRATEGY_PLUGINS = {
     "naive": {"plugin": "ddp"},
     "ddp": {"plugin": "ddp"},
-    "colossalai_zero2": {"plugin": "zero2"},
-    "colossalai_zero2_cpu": {"plugin": "zero2", "cpu_offload": True},
-    "colossalai_gemini": {"plugin": "gemini"},
-    "colossalai_gemini_cpu": {"plugin": "gemini", "offload_optim_frac": 1.0, "offload_param_frac": 1.0},
+    "colossalai_gemini": {"plugin": "gemini", "precision": "fp16", "initial_scale": 32},
+    "colossalai_zero2": {"plugin": "zero2", "precision": "fp16"},
+    "colossalai_gemini_cpu": {
+        "plugin": "gemini",
+        "precision": "fp16",
+        "initial_scale": 32,
+        "offload_optim_frac": 1.0,
+        "offload_param_frac": 1.0,
+    },
+    "colossalai_zero2_cpu": {"plugin": "zero2", "precision": "fp16", "cpu_offload": True},
 }
 
 
@@ -187,9 +193,9 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         #       See migration_guide/rewriter.md#train-epochs
         grpo_config={"lr": args.lr, "critic_lr": args.lr, "kl_coef": 0.1, "ppo_epochs": args.train_epochs},
         # NOTE: strategies map to Booster plugins: naive and ddp -> 'ddp', colossalai_zero2 -> 'zero2',
-        #       colossalai_gemini -> 'gemini'; the _cpu variants offload to CPU (cpu_offload, offload_*_frac).
-        #       Legacy ZeRO and Gemini trained in fp16, the plugins default to bf16. Both need CUDA: on a CPU host
-        #       add 'allow_cpu_fallback': True to plugin_config to train with 'ddp'. See
+        #       colossalai_gemini -> 'gemini'; the _cpu variants offload to CPU (cpu_offload, offload_*_frac). ZeRO
+        #       and Gemini keep the legacy fp16 and loss scale (the plugins default to bf16). Both need CUDA: on a
+        #       CPU host add 'allow_cpu_fallback': True to plugin_config to train with 'ddp'. See
         #       migration_guide/rewriter.md#trainer-strategy
         plugin_config=legacy_plugin_config(args.trainer_strategy),
         inference_backend=args.inference_backend,

@@ -14,26 +14,26 @@ from typing import Any, Dict
 #       creates and places its actors itself (a GPU each where the cluster has enough, CPU shares otherwise). See
 #       migration_guide/rewriter.md#placement
 # NOTE: ray.init(...) is not needed: launch_distributed starts Ray when it is not running, and no RAY_NAMESPACE is
-#       read (the engine's actors are not looked up by name). (legacy line 163) See
+#       read (the engine's actors are not looked up by name). (legacy line 164) See
 #       migration_guide/rewriter.md#placement
 # NOTE: env_info (rank, world size, master address and port) has no counterpart: the engine sets up the consumers'
-#       process group itself. (legacy line 72) See migration_guide/rewriter.md#env-info
+#       process group itself. (legacy line 73) See migration_guide/rewriter.md#env-info
 # NOTE: update_lora_weights: with train_model_config['lora'] the engine publishes only the adapters, and producers
-#       rebuild W0 + scaling*B@A on each sync (replacing the previous push, not adding to it). (legacy line 72) See
+#       rebuild W0 + scaling*B@A on each sync (replacing the previous push, not adding to it). (legacy line 73) See
 #       migration_guide/rewriter.md#lora
 # NOTE: eval_performance: throughput and timings are always measured: RunResult.summary and the history
-#       (samples_per_s, generate_s, train_s, weight_sync_s). (legacy line 72) See
+#       (samples_per_s, generate_s, train_s, weight_sync_s). (legacy line 73) See
 #       migration_guide/rewriter.md#callbacks
-# NOTE: debug: the engine reports through the logging module (coati_relay loggers). (legacy line 72) See
+# NOTE: debug: the engine reports through the logging module (coati_relay loggers). (legacy line 73) See
 #       migration_guide/rewriter.md#callbacks
-# NOTE: do_sample: the engine always samples (temperature, top_k, top_p). (legacy line 72) See
+# NOTE: do_sample: the engine always samples (temperature, top_k, top_p). (legacy line 73) See
 #       migration_guide/rewriter.md#generation
 # NOTE: pad_token_id/eos_token_id: taken from the tokenizer saved with the model; each response ends at its EOS
-#       token. (legacy line 72) See migration_guide/rewriter.md#generation
-# NOTE: use_cache: generation always uses a KV cache. (legacy line 72) See migration_guide/rewriter.md#generation
+#       token. (legacy line 73) See migration_guide/rewriter.md#generation
+# NOTE: use_cache: generation always uses a KV cache. (legacy line 73) See migration_guide/rewriter.md#generation
 # NOTE: buffer_limit=16: the engine's queue holds at most (n_behind + 1) rounds of rollouts and blocks producers
 #       beyond that (legacy makers were never throttled); n_behind=0, the default, keeps training on-policy. (legacy
-#       line 97) See migration_guide/rewriter.md#buffer
+#       line 98) See migration_guide/rewriter.md#buffer
 # NOTE: --maker_strategy, --critic_model, --experience_steps, --save_dir, --debug are still accepted, so legacy
 #       command lines keep working, but have no effect: what they set has no counterpart (see the other NOTEs). See
 #       migration_guide/rewriter.md#unused-flags
@@ -42,10 +42,16 @@ from typing import Any, Dict
 LEGACY_STRATEGY_PLUGINS = {
     "naive": {"plugin": "ddp"},
     "ddp": {"plugin": "ddp"},
-    "colossalai_zero2": {"plugin": "zero2"},
-    "colossalai_zero2_cpu": {"plugin": "zero2", "cpu_offload": True},
-    "colossalai_gemini": {"plugin": "gemini"},
-    "colossalai_gemini_cpu": {"plugin": "gemini", "offload_optim_frac": 1.0, "offload_param_frac": 1.0},
+    "colossalai_gemini": {"plugin": "gemini", "precision": "fp16", "initial_scale": 32},
+    "colossalai_zero2": {"plugin": "zero2", "precision": "fp16"},
+    "colossalai_gemini_cpu": {
+        "plugin": "gemini",
+        "precision": "fp16",
+        "initial_scale": 32,
+        "offload_optim_frac": 1.0,
+        "offload_param_frac": 1.0,
+    },
+    "colossalai_zero2_cpu": {"plugin": "zero2", "precision": "fp16", "cpu_offload": True},
 }
 
 
@@ -164,7 +170,7 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         #       (args.num_trainers * args.train_batch_size), update_steps=args.update_steps) batches; that is 4
         #       batches per trainer, 32 samples in all (flags at their defaults). The engine's run length follows
         #       from the data: num_episodes * (prompts in the file // (inference_batch_size*num_producers)) rounds;
-        #       set --num_episodes (and the file's size) to match. (legacy line 129) See
+        #       set --num_episodes (and the file's size) to match. (legacy line 130) See
         #       migration_guide/rewriter.md#run-length
         num_episodes=args.num_episodes,
         # NOTE: train_batch_size counts prompts; with one response per prompt (num_generations=1) that is the legacy
@@ -181,7 +187,7 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         # NOTE: the legacy collate function cut or padded every prompt of the CSV's prompt column to exactly
         #       prompt_tokens tokens; the engine reads the same column (raw text, no chat template), pads per batch
         #       and cuts over-long prompts on the left, keeping their end. The data loader ran inside each maker;
-        #       here the engine samples the prompts. (legacy line 65) See migration_guide/rewriter.md#dataset
+        #       here the engine samples the prompts. (legacy line 66) See migration_guide/rewriter.md#dataset
         train_dataset_config={"path": args.prompt_path, "max_length": prompt_tokens},
         # NOTE: model families (args.critic_model, args.model) are no longer chosen: every model is a local Hugging
         #       Face checkpoint whose config.json sets the architecture. The reward model loads as a sequence
@@ -196,7 +202,7 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         #       model and needs a pad token there (save one with save_pretrained). See
         #       migration_guide/rewriter.md#models
         # NOTE: the maker's strategy_fn has no counterpart: producers generate with the inference backend
-        #       (--inference_backend) and need no training strategy. (legacy line 72) See
+        #       (--inference_backend) and need no training strategy. (legacy line 73) See
         #       migration_guide/rewriter.md#maker-strategy
         inference_model_config={"path": args.pretrain},
         # NOTE: max_length counted prompt and response together (prompts were padded to prompt_tokens);
@@ -217,13 +223,13 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         #       migration_guide/rewriter.md#kl-and-advantages
         # NOTE: train_epochs -> grpo_config['ppo_epochs']: legacy replayed an episode's update_steps batches
         #       (shuffled) for train_epochs - 1 more epochs before pushing the weights; the engine passes over a
-        #       round's batches ppo_epochs times, in order, before publishing a weight version. (legacy line 129)
+        #       round's batches ppo_epochs times, in order, before publishing a weight version. (legacy line 130)
         #       See migration_guide/rewriter.md#train-epochs
         grpo_config={"lr": args.lr, "critic_lr": args.lr, "kl_coef": 0.1, "ppo_epochs": args.train_epochs},
         # NOTE: strategies map to Booster plugins: naive and ddp -> 'ddp', colossalai_zero2 -> 'zero2',
-        #       colossalai_gemini -> 'gemini'; the _cpu variants offload to CPU (cpu_offload, offload_*_frac).
-        #       Legacy ZeRO and Gemini trained in fp16, the plugins default to bf16. Both need CUDA: on a CPU host
-        #       add 'allow_cpu_fallback': True to plugin_config to train with 'ddp'. See
+        #       colossalai_gemini -> 'gemini'; the _cpu variants offload to CPU (cpu_offload, offload_*_frac). ZeRO
+        #       and Gemini keep the legacy fp16 and loss scale (the plugins default to bf16). Both need CUDA: on a
+        #       CPU host add 'allow_cpu_fallback': True to plugin_config to train with 'ddp'. See
         #       migration_guide/rewriter.md#trainer-strategy
         plugin_config=legacy_plugin_config(args.trainer_strategy),
         inference_backend=args.inference_backend,

@@ -37,7 +37,7 @@ def test_run_config_file_then_plot(tiny_model_path, tmp_path):
     done = _cli("run", "run.yaml", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "reward_end" in done.stdout and "step-000003" in done.stdout
-    records = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all("kl" in r for r in records), "beta > 0 puts the KL to the reference model in the metrics"
     plotted = _cli("plot", "run", "-o", "curve.png", cwd=tmp_path)

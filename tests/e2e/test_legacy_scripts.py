@@ -121,12 +121,13 @@ def test_custom_trainer_subclass(llama_path, prompts, tmp_path):
     out = run_script("custom_trainer.py", ["--model", "llama", "--pretrain", llama_path, "--critic_pretrain",
                                            llama_path, "--prompt_path", prompts, "--experience_steps", 2,
                                            "--experience_batch_size", 4, "--train_batch_size", 2, "--update_steps", 2,
-                                           "--metrics_path", metrics], tmp_path)
+                                           "--metrics_path", metrics, "--save_dir", tmp_path / "ckpt"], tmp_path)
     steps = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2, 3, 4]
     assert all(isinstance(s["pg_loss"], float) for s in steps)
     assert "custom trainer: 4 steps" in out
     assert_user_warned(out, "custom_trainer.py", "coati.ray.detached_trainer_base.DetachedTrainer")
+    assert_trained(tmp_path / "ckpt")
 
 
 def test_legacy_demo_learns_the_toy_task(ray_cluster, tmp_path):

@@ -14,15 +14,15 @@ import torch
 from torch import nn
 
 from coati_compat.legacy.experience import Experience, make_experience_batch, split_experience_batch
-from coati_compat.legacy.losses import PolicyLoss, ValueLoss
 from coati_compat.legacy.lora import LoRAConstructor, LoraLinear, convert_to_lora_module
+from coati_compat.legacy.losses import PolicyLoss, ValueLoss
+from coati_compat.legacy.ppo_shaping import legacy_advantage
 from coati_compat.legacy.ray_utils import get_receivers_per_sender, state_dict_to
 from coati_compat.legacy.rl_functions import compute_reward
 from coati_compat.reference import experience as ref_exp
 from coati_compat.reference import lora as ref_lora
 from coati_compat.reference import losses as ref_losses
 from coati_compat.reference import ray_helpers as ref_ray
-from coati_compat.legacy.ppo_shaping import legacy_advantage
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 

@@ -12,7 +12,11 @@ import pytest
 import torch
 
 from coati_relay.inference import (
-    InferenceBackend, SamplingConfig, TransformersBackend, VLLMBackend, build_inference_backend,
+    InferenceBackend,
+    SamplingConfig,
+    TransformersBackend,
+    VLLMBackend,
+    build_inference_backend,
 )
 from coati_relay.logprobs import response_logprobs
 

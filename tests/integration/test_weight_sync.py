@@ -4,8 +4,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coati_relay.weight_sync import (WeightPublisher, WeightSubscriber, flatten_state_dict, lora_adapters,
-                                     make_weight_store, merge_lora, unflatten_state_dict)
+from coati_relay.weight_sync import (
+    WeightPublisher,
+    WeightSubscriber,
+    flatten_state_dict,
+    lora_adapters,
+    make_weight_store,
+    merge_lora,
+    unflatten_state_dict,
+)
 
 
 def test_flatten_round_trip_keeps_dtypes_and_shapes():

@@ -1,4 +1,5 @@
-"""Policy and value losses, registered under kinds ``"policy_loss"`` (``ppo_clip``) and ``"value_loss"`` (``clipped``)."""
+"""Policy and value losses, registered under kinds ``"policy_loss"`` (``ppo_clip``) and ``"value_loss"``
+(``clipped``)."""
 from __future__ import annotations
 
 from typing import Dict, Optional, Tuple

@@ -16,8 +16,17 @@ import torch
 
 from coati_relay.inference.base import SamplingConfig
 from coati_relay.inference.rollout_building import (
-    SeedSequence, build_rollout, check_info, check_prompts, check_sampling, check_weight_update, checkpoint_eos_ids,
-    pad_id_of, pad_prompts, resolve_tokenizer, stop_token_ids,
+    SeedSequence,
+    build_rollout,
+    check_info,
+    check_prompts,
+    check_sampling,
+    check_weight_update,
+    checkpoint_eos_ids,
+    pad_id_of,
+    pad_prompts,
+    resolve_tokenizer,
+    stop_token_ids,
 )
 from coati_relay.rollout import Rollout
 

@@ -3,9 +3,19 @@
 ``get_reward_fn("boxed" | "think_answer_tags" | "toy_letter" | callable)`` returns a checked
 ``fn(responses, gt_answers, prompts) -> Tensor [N]``; `RewardModelScorer` scores token sequences.
 """
-from coati_relay.rewards.math_rewards import (MathGrade, boxed_reward, extract_answer_tag, extract_boxed,
-                                              grade_boxed, grade_think_answer, normalize_answer, score_answer,
-                                              soft_overlength_penalty, tags_valid, think_answer_reward)
+from coati_relay.rewards.math_rewards import (
+                                              MathGrade,
+                                              boxed_reward,
+                                              extract_answer_tag,
+                                              extract_boxed,
+                                              grade_boxed,
+                                              grade_think_answer,
+                                              normalize_answer,
+                                              score_answer,
+                                              soft_overlength_penalty,
+                                              tags_valid,
+                                              think_answer_reward,
+)
 from coati_relay.rewards.registry import RewardFn, get_reward_fn, register_reward, reward_names
 from coati_relay.rewards.reward_model import RewardModelScorer
 from coati_relay.rewards.toy_rewards import letter_fraction, toy_letter_reward

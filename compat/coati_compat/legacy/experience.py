@@ -1,6 +1,6 @@
-"""Legacy ``Experience`` (``coati.experience_maker``) and ``coati.experience_buffer.utils`` (``coati.replay_buffer.utils``
-in the reference version): ``BufferItem``, ``split_experience_batch``, ``zero_pad_sequences`` and
-``make_experience_batch``.
+"""Legacy ``Experience`` (``coati.experience_maker``) and ``coati.experience_buffer.utils``
+(``coati.replay_buffer.utils`` in the reference version): ``BufferItem``, ``split_experience_batch``,
+``zero_pad_sequences`` and ``make_experience_batch``.
 
 Shapes: B samples, S tokens per sequence, A action tokens. ``advantages`` is [B,1] as the maker produces it.
 Merging keeps the legacy rules: ``action_log_probs`` and ``action_mask`` are zero-padded on the *left* to the

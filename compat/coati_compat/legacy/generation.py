@@ -27,8 +27,12 @@ _HOOKS = ("prepare_inputs_fn", "update_model_kwargs_fn", "use_cache")
 
 
 def _logits_processors(top_k: Optional[int], top_p: Optional[float], temperature: Optional[float]):
-    from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
-                                                        TopKLogitsWarper, TopPLogitsWarper)
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     processors = LogitsProcessorList()
     if temperature is not None and temperature != 1.0:

@@ -32,7 +32,8 @@ class DynamicLossScale:
                  growth_interval: int = 1000, hysteresis: int = 2, min_scale: float = 1.0,
                  max_scale: float = 2 ** 32) -> None:
         if not min_scale <= initial_scale <= max_scale:
-            raise ValueError(f"initial_scale {initial_scale} must lie in [min_scale {min_scale}, max_scale {max_scale}]")
+            raise ValueError(f"initial_scale {initial_scale} must lie in [min_scale {min_scale}, "
+                             f"max_scale {max_scale}]")
         if growth_factor < 1 or not 0 < backoff_factor < 1 or growth_interval < 1 or hysteresis < 1:
             raise ValueError("need growth_factor >= 1, 0 < backoff_factor < 1, growth_interval >= 1, hysteresis >= 1; "
                              f"got {growth_factor}, {backoff_factor}, {growth_interval}, {hysteresis}")

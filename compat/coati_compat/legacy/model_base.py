@@ -22,6 +22,7 @@ from coati_compat.deprecations import deprecated_api
 from coati_compat.legacy.lora import LoRAModule
 from coati_compat.legacy.rl_functions import action_log_probs
 
+
 def _check_sequences(sequences: Any, attention_mask: Optional[torch.Tensor]) -> None:
     if not isinstance(sequences, torch.Tensor) or sequences.dim() != 2:
         raise ValueError(f"sequences must be a LongTensor [B,S], got "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -17,21 +17,14 @@ from torch import nn
 
 from coati_compat.deprecations import deprecated_api
 from coati_compat.legacy.model_families import ACTORS, CRITICS, REWARD_MODELS
-from coati_compat.legacy.strategies import (DDPStrategy, GeminiStrategy, LowLevelZeroStrategy, NaiveStrategy,
-                                            Strategy)
+from coati_compat.legacy.strategies import DDPStrategy, GeminiStrategy, LowLevelZeroStrategy, NaiveStrategy, Strategy
+from coati_compat.legacy.tables import LEGACY_STRATEGIES
 
 _DIST_ENV_KEYS = {"rank": "RANK", "local_rank": "LOCAL_RANK", "world_size": "WORLD_SIZE",
                   "master_port": "MASTER_PORT", "master_addr": "MASTER_ADDR"}
 
-STRATEGIES: Dict[str, Callable[[], Strategy]] = {
-    "naive": lambda: NaiveStrategy(),
-    "ddp": lambda: DDPStrategy(),
-    "colossalai_gemini": lambda: GeminiStrategy(placement_policy="static", initial_scale=2 ** 5),
-    "colossalai_zero2": lambda: LowLevelZeroStrategy(stage=2, placement_policy="cuda"),
-    "colossalai_gemini_cpu": lambda: GeminiStrategy(placement_policy="static", offload_optim_frac=1.0,
-                                                    offload_param_frac=1.0, initial_scale=2 ** 5),
-    "colossalai_zero2_cpu": lambda: LowLevelZeroStrategy(stage=2, placement_policy="cpu"),
-}
+
+_STRATEGY_CLASSES = {cls.__name__: cls for cls in (NaiveStrategy, DDPStrategy, LowLevelZeroStrategy, GeminiStrategy)}
 
 # Hub names of the legacy tokenizers (llama had none: it used ``pretrain``).
 TOKENIZER_HUB_NAMES = {"gpt2": "gpt2", "bloom": "bigscience/bloom-560m", "opt": "facebook/opt-350m"}
@@ -78,8 +71,10 @@ def get_reward_model_from_args(model: str, pretrained: Optional[str] = None, con
 
 @deprecated_api("coati.ray.utils.get_strategy_from_args")
 def get_strategy_from_args(strategy: str) -> Strategy:
-    """naive | ddp | colossalai_gemini | colossalai_zero2 | colossalai_gemini_cpu | colossalai_zero2_cpu."""
-    return _family(STRATEGIES, strategy, "strategy")()
+    """naive | ddp | colossalai_gemini | colossalai_zero2 | colossalai_gemini_cpu | colossalai_zero2_cpu (the
+    strategies of ``coati_compat.legacy.tables.LEGACY_STRATEGIES``)."""
+    entry = _family(LEGACY_STRATEGIES, strategy, "strategy")
+    return _STRATEGY_CLASSES[entry.cls](**entry.options)
 
 
 @deprecated_api("coati.ray.utils.get_tokenizer_from_args")

@@ -31,6 +31,7 @@ from torch import nn
 from coati_compat.deprecations import deprecated_api
 from coati_compat.legacy.master_weights import find_master_optimizer, with_master_weights
 from coati_compat.legacy.model_base import Actor
+from coati_compat.legacy.tables import CLASS_PLUGINS, LEGACY_PRECISION
 from coati_relay.training.plugins import build_plugin, resolve_plugin
 
 logger = logging.getLogger(__name__)
@@ -270,7 +271,7 @@ class DDPStrategy(Strategy):
     """Torch DDP through the engine's ``"ddp"`` plugin."""
 
     def __init__(self, seed: int = 42) -> None:
-        super().__init__(plugin="ddp", seed=seed)
+        super().__init__(plugin=CLASS_PLUGINS["DDPStrategy"], seed=seed)
 
     def setup_sampler(self, dataset: Any) -> DistributedSampler:
         return DistributedSampler(dataset, dist.get_world_size(), dist.get_rank())
@@ -303,7 +304,8 @@ class _ColossalStrategy(DDPStrategy):
 class LowLevelZeroStrategy(_ColossalStrategy):
     """ZeRO stage 1/2 through the engine's ``"zero2"`` plugin (``placement_policy="cpu"``: CPU offload)."""
 
-    def __init__(self, stage: int = 2, precision: str = "fp16", seed: int = 42, placement_policy: str = "cuda",
+    def __init__(self, stage: int = 2, precision: str = LEGACY_PRECISION, seed: int = 42,
+                 placement_policy: str = "cuda",
                  reduce_bucket_size: int = 12 * 1024 ** 2, overlap_communication: bool = True,
                  initial_scale: float = 2 ** 16, growth_factor: float = 2, backoff_factor: float = 0.5,
                  growth_interval: int = 1000, hysteresis: int = 2, min_scale: float = 1, max_scale: float = 2 ** 32,
@@ -315,7 +317,7 @@ class LowLevelZeroStrategy(_ColossalStrategy):
                        min_scale=min_scale, max_scale=max_scale, max_norm=max_norm, norm_type=norm_type,
                        reduce_bucket_size_in_m=reduce_bucket_size / 1024 ** 2,
                        overlap_communication=overlap_communication, cpu_offload=placement_policy == "cpu")
-        super().__init__("zero2", options, seed)
+        super().__init__(CLASS_PLUGINS["LowLevelZeroStrategy"], options, seed)
 
 
 @deprecated_api("coati.trainer.strategies.GeminiStrategy")
@@ -338,8 +340,8 @@ class GeminiStrategy(_ColossalStrategy):
                        gpu_margin_mem_ratio=gpu_margin_mem_ratio, initial_scale=initial_scale,
                        growth_factor=growth_factor, backoff_factor=backoff_factor, growth_interval=growth_interval,
                        hysteresis=hysteresis, min_scale=min_scale, max_scale=max_scale, max_norm=max_norm,
-                       norm_type=norm_type, precision="fp16")
-        super().__init__("gemini", options, seed)
+                       norm_type=norm_type, precision=LEGACY_PRECISION)
+        super().__init__(CLASS_PLUGINS["GeminiStrategy"], options, seed)
 
     def _full_state_dict(self, model: nn.Module) -> Dict[str, torch.Tensor]:
         if self.plugin_name != "gemini":

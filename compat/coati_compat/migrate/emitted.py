@@ -7,16 +7,10 @@ from __future__ import annotations
 
 import math
 
-# Legacy --trainer_strategy -> plugin_config. The *_cpu variants offload as the legacy strategies did; "naive" (no
-# wrapping, the upstream scripts' default) trains as "ddp" does with one consumer.
-LEGACY_STRATEGY_PLUGINS = {
-    "naive": {"plugin": "ddp"},
-    "ddp": {"plugin": "ddp"},
-    "colossalai_zero2": {"plugin": "zero2"},
-    "colossalai_zero2_cpu": {"plugin": "zero2", "cpu_offload": True},
-    "colossalai_gemini": {"plugin": "gemini"},
-    "colossalai_gemini_cpu": {"plugin": "gemini", "offload_optim_frac": 1.0, "offload_param_frac": 1.0},
-}
+from coati_compat.legacy.tables import LEGACY_STRATEGIES, plugin_config
+
+# Legacy --trainer_strategy -> plugin_config, from the one table of legacy strategies.
+LEGACY_STRATEGY_PLUGINS = {name: plugin_config(name) for name in LEGACY_STRATEGIES}
 
 # Legacy LoRA replaced every nn.Linear of the model (GPT-2's attention and MLP are Conv1D, so only its lm_head).
 LORA_TARGET_MODULES = {

@@ -6,81 +6,22 @@ legacy command-line flags keep their names and defaults). Every legacy setting w
 """
 from __future__ import annotations
 
-import argparse
 import ast
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from coati_compat.migrate import emitted
 from coati_compat.migrate.analyze import ActorCall, LegacyScript
+from coati_compat.migrate.builder import MappingContext, Plan
 from coati_compat.migrate.expressions import args_refs, evaluate, portable_flag_call, source
-from coati_compat.migrate.notes import Note
 from coati_compat.migrate.training_mapping import map_algorithm, map_generation, map_models, map_plugin
 
 UPSTREAM_PROMPT_TOKENS = 96
 
 
-@dataclass
-class Plan:
-    """What the migrated script holds. Code strings read ``args.<flag>`` and the helpers named in ``helpers``."""
-
-    script_name: str
-    legacy_flags: List[str] = field(default_factory=list)
-    new_flags: List[str] = field(default_factory=list)
-    prelude: List[str] = field(default_factory=list)
-    kwargs: Dict[str, str] = field(default_factory=dict)
-    helpers: List[str] = field(default_factory=list)
-    notes: List[Note] = field(default_factory=list)
-    untranslated: List[str] = field(default_factory=list)
-
-
-class _Builder:
-    def __init__(self, script: LegacyScript):
-        self.s = script
-        self.r = script.resolver
-        self.plan = Plan(script_name=script.name)
-        self.defaults = argparse.Namespace(**{d: f.default for d, f in script.flags.items()})
-
-    # -- small tools -----------------------------------------------------------------------------------------
-    def note(self, topic: str, text: str, key: Optional[str] = None, line: int = 0) -> None:
-        self.plan.notes.append(Note(topic, text, key, line))
-
-    def untranslated(self, text: str, line: int = 0) -> None:
-        self.plan.untranslated.append(f"{text} (legacy line {line})" if line else text)
-        self.note("custom-classes", f"NOT TRANSLATED: {text}", None, line)
-
-    def helper(self, name: str) -> str:
-        if name not in self.plan.helpers:
-            self.plan.helpers.append(name)
-        return name
-
-    def code(self, node: Optional[ast.expr]) -> Optional[str]:
-        value = self.r.portable(node)
-        return None if value is None else source(value)
-
-    def value(self, node: Optional[ast.expr]) -> Any:
-        """The value of a legacy expression with the legacy defaults (None when it cannot be computed)."""
-        value = self.r.portable(node)
-        if value is None:
-            return None
-        try:
-            return evaluate(value, self.defaults)
-        except Exception:  # arithmetic on a default of None, etc.: the value is unknown until run time
-            return None
-
-    def new_flag(self, dest: str, spec: str) -> str:
-        """Adds ``--dest`` to the migrated script (``--relay_dest`` when the legacy script has a --dest)."""
-        if dest in self.s.flags:
-            dest = f"relay_{dest}"
-        self.plan.new_flags.append(f'parser.add_argument("--{dest}", {spec})')
-        return f"args.{dest}"
-
-    def kw(self, site: Optional[ActorCall], name: str) -> Optional[ast.expr]:
-        return None if site is None else site.kwargs.get(name)
-
+class _Mapper(MappingContext):
     # -- the mapping -----------------------------------------------------------------------------------------
     def build(self) -> Plan:
-        s = self.s
+        s = self.script
         for flag in s.flags.values():
             call, dropped = portable_flag_call(flag.call)
             self.plan.legacy_flags.append(source(call))
@@ -107,15 +48,15 @@ class _Builder:
         counts = [self.code(site.count) if site.count is not None else None for site in sites]
         if sites and all(c is not None for c in counts):
             return " + ".join(counts) if len(counts) > 1 else counts[0]
-        fallback = f"args.{flag}" if flag in self.s.flags else "1"
+        fallback = f"args.{flag}" if flag in self.script.flags else "1"
         self.note("unread", f"could not tell how many {what} actors the script creates; using {fallback}.",
                   line=sites[0].line if sites else 0)
         return fallback
 
     def _roles(self, maker: Optional[ActorCall], trainer: Optional[ActorCall]) -> None:
         p = self.plan
-        self.np_code = self._count(self.s.makers, "num_makers", "ExperienceMakerHolder")
-        self.nc_code = self._count(self.s.trainers, "num_trainers", "trainer")
+        self.np_code = self._count(self.script.makers, "num_makers", "ExperienceMakerHolder")
+        self.nc_code = self._count(self.script.trainers, "num_trainers", "trainer")
         p.prelude += [f"num_producers = {self.np_code}", f"num_consumers = {self.nc_code}"]
         p.kwargs["num_producers"] = "num_producers"
         p.kwargs["num_proc_per_producer"] = "1"
@@ -128,12 +69,12 @@ class _Builder:
                               "the legacy defaults.")
         names = [k for k in ("detached_trainer_name_list", "experience_maker_holder_name_list")
                  if k in (maker.kwargs if maker else {}) or k in (trainer.kwargs if trainer else {})]
-        if names or self.s.uses_receivers:
-            extra = " and get_receivers_per_sender" if self.s.uses_receivers else ""
+        if names or self.script.uses_receivers:
+            extra = " and get_receivers_per_sender" if self.script.uses_receivers else ""
             self.note("routing", f"{' and '.join(names)}{extra} have no counterpart: every consumer reads one "
                                  f"shared rollout queue, so there are no actor names or routes to compute.",
                       key="num_producers")
-        for role, sites in (("maker", self.s.makers), ("trainer", self.s.trainers)):
+        for role, sites in (("maker", self.script.makers), ("trainer", self.script.trainers)):
             if len({self._config_key(st) for st in sites}) > 1:
                 self.note("unread", f"the script creates {role}s with different settings at lines "
                                     f"{[st.line for st in sites]}; the engine's {role.replace('maker', 'producer')}s"
@@ -145,7 +86,7 @@ class _Builder:
         return repr(sorted((k, ast.dump(v)) for k, v in site.kwargs.items() if k not in skip))
 
     def _custom_classes(self) -> None:
-        for c in self.s.custom_classes:
+        for c in self.script.custom_classes:
             if c.kind == "callback":
                 self.note("callbacks", f"the callback class {c.name}({c.base}) is not translated: the engine has "
                                        f"no hooks; read the same numbers from the returned RunResult.history or "
@@ -163,17 +104,17 @@ class _Builder:
                                   f"{'producer' if c.kind == 'maker' else 'consumer'} replaces it.", c.line)
 
     def _placement(self) -> None:
-        opts = sorted({k for site in self.s.makers + self.s.trainers for k in site.options})
+        opts = sorted({k for site in self.script.makers + self.script.trainers for k in site.options})
         if opts:
             self.note("placement", f".options({', '.join(opts)}) on the legacy actors has no counterpart: "
                                    f"launch_distributed creates and places its actors itself (a GPU each where "
                                    f"the cluster has enough, CPU shares otherwise).")
-        if self.s.ray_init_line:
+        if self.script.ray_init_line:
             self.note("placement", "ray.init(...) is not needed: launch_distributed starts Ray when it is not "
                                    "running, and no RAY_NAMESPACE is read (the engine's actors are not looked up "
                                    "by name).",
-                      line=self.s.ray_init_line)
-        sites = [st for st in self.s.makers + self.s.trainers if "env_info" in st.kwargs]
+                      line=self.script.ray_init_line)
+        sites = [st for st in self.script.makers + self.script.trainers if "env_info" in st.kwargs]
         if sites:
             self.note("env-info", "env_info (rank, world size, master address and port) has no counterpart: the "
                                   "engine sets up the consumers' process group itself.", line=sites[0].line)
@@ -186,7 +127,7 @@ class _Builder:
             return None
 
     def _sizes(self, maker: Optional[ActorCall], trainer: Optional[ActorCall]) -> Dict[str, str]:
-        s, p = self.s, self.plan
+        s, p = self.script, self.plan
         loader = self.code(s.loader_batch_size)
         if "experience_batch_size" in s.flags:
             ebs = "args.experience_batch_size"
@@ -218,11 +159,11 @@ class _Builder:
         sizes = {"np": self.np_code, "nc": self.nc_code, "ebs": ebs,
                  "tbs": tbs, "us": us}
         values = {k: self.eval_code(v) for k, v in sizes.items()}
-        text = (f"train_batch_size counts prompts; with one response per prompt (num_generations=1) that is the "
-                f"legacy count of samples. A round (one weight version) is inference_batch_size*num_producers "
-                f"prompts, sized to hold what the legacy trainers consumed between two weight pushes "
-                f"(update_steps*train_batch_size*num_trainers samples) and rounded up until the engine's sizes "
-                f"tile.")
+        text = ("train_batch_size counts prompts; with one response per prompt (num_generations=1) that is the "
+                "legacy count of samples. A round (one weight version) is inference_batch_size*num_producers "
+                "prompts, sized to hold what the legacy trainers consumed between two weight pushes "
+                "(update_steps*train_batch_size*num_trainers samples) and rounded up until the engine's sizes "
+                "tile.")
         try:
             ibs, _ = emitted.round_sizes(values["np"], values["nc"], values["ebs"], values["tbs"], values["us"])
             per_round = ibs * values["np"]
@@ -237,7 +178,7 @@ class _Builder:
         return {**sizes, **{f"{k}_value": v for k, v in values.items()}}
 
     def _dataset(self) -> None:
-        s = self.s
+        s = self.script
         tokens = self.code(s.prompt_tokens)
         if tokens is None:
             tokens = str(UPSTREAM_PROMPT_TOKENS)
@@ -264,7 +205,7 @@ class _Builder:
         self.plan.kwargs["train_dataset_config"] = f'{{"path": {path}, "max_length": prompt_tokens}}'
 
     def _run_length(self, sizes: Dict[str, Any]) -> None:
-        s, p = self.s, self.plan
+        s, p = self.script, self.plan
         p.kwargs["num_episodes"] = self.new_flag(
             "num_episodes", 'type=int, default=1, help="passes over the prompt file (the run length)"')
         loop = s.method_calls("workingloop")[0] if s.method_calls("workingloop") else None
@@ -312,7 +253,7 @@ class _Builder:
                 if (topic, text) not in seen:
                     seen.add((topic, text))
                     self.note(topic, text.replace("{value}", source(node)), line=site.line)
-        sync = self.s.method_calls("sync_models_to_remote_makers")
+        sync = self.script.method_calls("sync_models_to_remote_makers")
         if sync:
             self.note("initial-sync", "sync_models_to_remote_makers() is not needed: producers always start from "
                                       "the weights the consumers publish first (version 0).", line=sync[0].line)
@@ -321,7 +262,7 @@ class _Builder:
         used = set()
         for code in list(self.plan.kwargs.values()) + ["\n".join(self.plan.prelude)]:
             used |= args_refs(code)
-        unused = [f"--{d}" for d in self.s.flags if d not in used]
+        unused = [f"--{d}" for d in self.script.flags if d not in used]
         if unused:
             self.note("unused-flags", f"{', '.join(unused)} are still accepted, so legacy command lines keep "
                                       f"working, but have no effect: what they set has no counterpart (see the "
@@ -369,4 +310,4 @@ _KEYWORD_NOTES = {
 
 def build_plan(script: LegacyScript) -> Plan:
     """The `Plan` for an analyzed legacy script."""
-    return _Builder(script).build()
+    return _Mapper(script).build()

@@ -146,8 +146,16 @@ def fit_line(prefix: str, code: str, suffix: str = "", width: int = WIDTH) -> Li
     return out
 
 
-def _table(name: str, table: Dict[str, Any]) -> List[str]:
-    return [f"{name} = {{"] + [f"    {k!r}: {v!r}," for k, v in table.items()] + ["}", ""]
+def _table(name: str, table: Dict[str, Any], width: int = 120) -> List[str]:
+    """``name = {...}``, one item per line; a dict value too long for one line gets a line per key."""
+    out = [f"{name} = {{"]
+    for k, v in table.items():
+        line = f"    {k!r}: {v!r},"
+        if len(line) > width and isinstance(v, dict):
+            out += [f"    {k!r}: {{"] + [f"        {ik!r}: {iv!r}," for ik, iv in v.items()] + ["    },"]
+        else:
+            out.append(line)
+    return out + ["}", ""]
 
 
 def _helpers(plan: Plan) -> List[str]:

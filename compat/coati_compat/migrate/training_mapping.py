@@ -5,31 +5,29 @@
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING, Dict, Optional
+from typing import Dict, Optional
 
+from coati_compat.legacy.tables import LEGACY_LR, LEGACY_STRATEGIES
 from coati_compat.migrate import emitted
 from coati_compat.migrate.analyze import ActorCall, ModelRef
+from coati_compat.migrate.builder import MappingContext
 from coati_compat.migrate.expressions import args_refs, call_name, literal
 
-if TYPE_CHECKING:
-    from coati_compat.migrate.mapping import _Builder
-
-LEGACY_LR = 1e-7
 LEGACY_KL_COEF = 0.1
-_STRATEGY_CLASSES = {"DDPStrategy": "ddp", "LowLevelZeroStrategy": "colossalai_zero2",
-                     "GeminiStrategy": "colossalai_gemini", "NaiveStrategy": "ddp"}
+# Strategy class -> the first legacy strategy name that built it with its defaults.
+_STRATEGY_CLASSES = {entry.cls: name for name, entry in reversed(LEGACY_STRATEGIES.items())}
 
 
 def _dict_code(items: Dict[str, str]) -> str:
     return "{" + ", ".join(f'"{k}": {v}' for k, v in items.items()) + "}"
 
 
-def _path(b: "_Builder", ref: Optional[ModelRef]) -> Optional[str]:
+def _path(b: MappingContext, ref: Optional[ModelRef]) -> Optional[str]:
     return None if ref is None or ref.path is None else b.code(ref.path)
 
 
-def map_models(b: "_Builder", maker: Optional[ActorCall], trainer: Optional[ActorCall]) -> None:
-    s, p = b.s, b.plan
+def map_models(b: MappingContext, maker: Optional[ActorCall], trainer: Optional[ActorCall]) -> None:
+    s, p = b.script, b.plan
     mm = s.maker_models.models if s.maker_models else {}
     tm = s.trainer_models.models if s.trainer_models else {}
     for fn, site in ((s.maker_models, maker), (s.trainer_models, trainer)):
@@ -95,7 +93,7 @@ def map_models(b: "_Builder", maker: Optional[ActorCall], trainer: Optional[Acto
                key="train_model_config")
 
 
-def _lora(b: "_Builder", actor: Optional[ModelRef], critic: Optional[ModelRef], train: str) -> None:
+def _lora(b: MappingContext, actor: Optional[ModelRef], critic: Optional[ModelRef], train: str) -> None:
     p = b.plan
     rank = b.code(actor.lora_rank) if actor is not None and actor.lora_rank is not None else None
     if rank is None or literal(ast.parse(rank, mode="eval").body) == (True, 0):
@@ -114,7 +112,7 @@ def _lora(b: "_Builder", actor: Optional[ModelRef], critic: Optional[ModelRef], 
     b.note("lora", text, key="train_model_config")
 
 
-def map_generation(b: "_Builder", maker: Optional[ActorCall]) -> None:
+def map_generation(b: MappingContext, maker: Optional[ActorCall]) -> None:
     gen: Dict[str, str] = {}
     max_length = b.code(b.kw(maker, "max_length"))
     if max_length is not None:
@@ -138,7 +136,7 @@ def map_generation(b: "_Builder", maker: Optional[ActorCall]) -> None:
     b.plan.kwargs["generate_config"] = _dict_code(gen)
 
 
-def map_algorithm(b: "_Builder", maker: Optional[ActorCall], trainer: Optional[ActorCall]) -> None:
+def map_algorithm(b: MappingContext, maker: Optional[ActorCall], trainer: Optional[ActorCall]) -> None:
     p, grpo = b.plan, {}
     lr = b.code(b.kw(trainer, "lr"))
     if lr is None:
@@ -161,7 +159,7 @@ def map_algorithm(b: "_Builder", maker: Optional[ActorCall], trainer: Optional[A
         if code is not None:
             for key in new:
                 grpo[key] = code
-    fit = b.s.method_calls("fit")[0] if b.s.method_calls("fit") else None
+    fit = b.script.method_calls("fit")[0] if b.script.method_calls("fit") else None
     epochs = b.code(fit.kwargs.get("train_epochs")) if fit else None
     if epochs is not None and epochs != "1":
         grpo["ppo_epochs"] = epochs
@@ -174,7 +172,7 @@ def map_algorithm(b: "_Builder", maker: Optional[ActorCall], trainer: Optional[A
     p.kwargs["core_algo"] = '"PPO"'
 
 
-def map_plugin(b: "_Builder", maker: Optional[ActorCall], trainer: Optional[ActorCall]) -> None:
+def map_plugin(b: MappingContext, maker: Optional[ActorCall], trainer: Optional[ActorCall]) -> None:
     if b.kw(maker, "strategy_fn") is not None:
         b.note("maker-strategy", "the maker's strategy_fn has no counterpart: producers generate with the "
                                  "inference backend (--inference_backend) and need no training strategy.",
@@ -200,7 +198,7 @@ def map_plugin(b: "_Builder", maker: Optional[ActorCall], trainer: Optional[Acto
     if not (ok and value == "ddp"):
         b.note("trainer-strategy", "strategies map to Booster plugins: naive and ddp -> 'ddp', colossalai_zero2 -> "
                                    "'zero2', colossalai_gemini -> 'gemini'; the _cpu variants offload to CPU "
-                                   "(cpu_offload, offload_*_frac). Legacy ZeRO and Gemini trained in fp16, the "
-                                   "plugins default to bf16. Both need CUDA: on a CPU host add "
+                                   "(cpu_offload, offload_*_frac). ZeRO and Gemini keep the legacy fp16 and loss "
+                                   "scale (the plugins default to bf16). Both need CUDA: on a CPU host add "
                                    "'allow_cpu_fallback': True to plugin_config to train with 'ddp'.",
                key="plugin_config")

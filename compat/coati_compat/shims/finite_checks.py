@@ -38,8 +38,8 @@ def check_losses(step: int, losses: Dict[str, torch.Tensor], experience: Any,
         cause = (f"the experience batch itself holds inf/NaN in {fields}: the makers' models produced them (check "
                  "the weights the makers hold and the reward model's output)")
     else:
-        cause = (f"the forward pass overflowed on a finite batch: a learning rate too high ({learning_rates(optimizers)}) or a "
-                 "low-precision model (fp16 overflows above 65504)")
+        cause = (f"the forward pass overflowed on a finite batch: a learning rate too high "
+                 f"({learning_rates(optimizers)}) or a low-precision model (fp16 overflows above 65504)")
     raise NonFiniteTrainingError(f"training step {step}: {', '.join(bad)} is not finite; likely cause: {cause}. "
                                  "The step was not applied.")
 

@@ -28,8 +28,14 @@ from coati_compat.legacy.experience import Experience, split_experience_batch
 from coati_compat.legacy.experience_maker import NaiveExperienceMaker
 from coati_compat.legacy.lora import LoRAConstructor
 from coati_compat.legacy.ray_utils import get_model_numel, set_dist_env
-from coati_compat.shims.remote import (LegacyActorBase, enable_debug_logging, get_named_actor, in_ray_actor,
-                                      legacy_actor_class, wait_refs)
+from coati_compat.shims.remote import (
+    LegacyActorBase,
+    enable_debug_logging,
+    get_named_actor,
+    in_ray_actor,
+    legacy_actor_class,
+    wait_refs,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -4,9 +4,10 @@
 LowLevelZero/Gemini on CUDA, ``torch.optim.Adam`` otherwise) with the legacy ``lr=1e-7``; the clipped policy loss
 (sample-level, no KL term) against the batch's advantages and the clipped value loss against its KL-shaped reward,
 both from ``coati_relay.algorithms``; one optimizer step each per batch (fp16/bf16 models step fp32 master weights
-where the strategy keeps none; a non-finite loss or weight stops the run at its step). Weights go to the makers with the chunked
-``update_experience_maker`` protocol: actor keys are Hugging Face model keys, critic keys ``Critic`` keys; after
-training only the trainable tensors (with ``update_lora_weights``, only ``lora_A``/``lora_B``) go out, cast to fp16.
+where the strategy keeps none; a non-finite loss or weight stops the run at its step). Weights go to the makers
+with the chunked ``update_experience_maker`` protocol: actor keys are Hugging Face model keys, critic keys
+``Critic`` keys; after training only the trainable tensors (with ``update_lora_weights``, only
+``lora_A``/``lora_B``) go out, cast to fp16.
 
 Non-legacy keywords: ``actor_lr`` and ``critic_lr`` set the learning rates (default: the legacy 1e-7);
 ``rpc_timeout_s`` bounds each step of a weight push. ``DetachedPPOTrainer`` is the Ray actor class.
@@ -25,13 +26,12 @@ from coati_compat.legacy.lora import LoRAConstructor
 from coati_compat.legacy.losses import PolicyLoss, ValueLoss
 from coati_compat.legacy.ray_utils import get_model_numel, set_dist_env, state_dict_to
 from coati_compat.legacy.strategies import GeminiStrategy, LowLevelZeroStrategy
+from coati_compat.legacy.tables import LEGACY_LR
 from coati_compat.shims.finite_checks import check_losses, check_weights
 from coati_compat.shims.remote import legacy_actor_class, wait_refs
 from coati_compat.shims.trainer_base import TRAINER_CONCURRENCY_GROUPS, DetachedTrainer
 
 logger = logging.getLogger(__name__)
-
-LEGACY_LR = 1e-7
 
 
 def _check_lr(name: str, value: Any) -> float:

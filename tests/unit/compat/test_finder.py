@@ -10,9 +10,9 @@ import sysconfig
 import textwrap
 from pathlib import Path
 
+import colossalchat_head
 import pytest
 
-import colossalchat_head
 from coati_compat import finder, install_pth
 
 REPO = Path(__file__).resolve().parents[3]

@@ -18,10 +18,15 @@ from coati_compat.legacy.callbacks import ExperienceMakerPerformanceEvaluator, T
 from coati_compat.legacy.experience_maker import NaiveExperienceMaker
 from coati_compat.legacy.generation import generate
 from coati_compat.legacy.lora import LoraLinear
-from coati_compat.legacy.model_families import GPTActor, GPTCritic, GPTRM
+from coati_compat.legacy.model_families import GPTRM, GPTActor, GPTCritic
 from coati_compat.legacy.quant import llama_load_quant, low_resource_init
-from coati_compat.legacy.ray_utils import (get_actor_from_args, get_critic_from_args, get_strategy_from_args,
-                                           get_tokenizer_from_args, set_dist_env)
+from coati_compat.legacy.ray_utils import (
+    get_actor_from_args,
+    get_critic_from_args,
+    get_strategy_from_args,
+    get_tokenizer_from_args,
+    set_dist_env,
+)
 from coati_compat.legacy.strategies import NaiveStrategy
 from coati_compat.reference import experience as ref_exp
 

@@ -103,7 +103,7 @@ def test_many_roles_maps_the_ci_configuration(migrations):
                           "4", "--train_batch_size", "2", "--prompt_path", "p.csv"])
     assert (kw["num_producers"], kw["num_consumer_procs"]) == (2, 2)
     assert (kw["inference_batch_size"], kw["inference_microbatch_size"], kw["train_batch_size"]) == (4, 4, 2)
-    assert kw["plugin_config"] == {"plugin": "gemini"}
+    assert kw["plugin_config"] == {"plugin": "gemini", "precision": "fp16", "initial_scale": 32}
     assert kw["inference_model_config"] == {"path": "/m/opt-350m"} == {"path": kw["train_model_config"]["path"]}
     assert kw["critic_model_config"] == kw["reward_model_config"] == {"path": "/m/opt-125m"}
     assert kw["train_dataset_config"] == {"path": "p.csv", "max_length": 64}
@@ -119,18 +119,22 @@ def test_many_roles_maps_the_ci_configuration(migrations):
 
 
 def test_every_strategy_choice_translates(migrations):
+    """Every legacy --trainer_strategy becomes the plugin_config of the one table (coati_compat.legacy.tables),
+    which keeps the legacy fp16 and loss scale of ZeRO and Gemini, and the engine accepts each."""
+    from coati_compat.legacy.tables import LEGACY_STRATEGIES, plugin_config
+    from coati_relay.training.plugins import resolve_plugin
+
     m = migrations["ppo_many_roles.py"]
-    for naive_or_ddp in ("naive", "ddp"):
-        assert m.launch_kwargs({"trainer_strategy": naive_or_ddp})["plugin_config"] == {"plugin": "ddp"}
-    assert m.launch_kwargs({"trainer_strategy": "colossalai_zero2"})["plugin_config"] == {"plugin": "zero2"}
-    assert m.launch_kwargs({"trainer_strategy": "colossalai_zero2_cpu"})["plugin_config"] == {
-        "plugin": "zero2", "cpu_offload": True}
-    gemini = m.launch_kwargs({"trainer_strategy": "colossalai_gemini_cpu"})["plugin_config"]
-    assert gemini["plugin"] == "gemini" and gemini["offload_param_frac"] == 1.0
-    assert m.launch_kwargs({"trainer_strategy": "colossalai_zero2_cpu"})["plugin_config"] == {
-        "plugin": "zero2", "cpu_offload": True}
-    gemini = m.launch_kwargs({"trainer_strategy": "colossalai_gemini_cpu"})["plugin_config"]
-    assert gemini["plugin"] == "gemini" and gemini["offload_param_frac"] == 1.0
+    got = {name: m.launch_kwargs({"trainer_strategy": name})["plugin_config"] for name in LEGACY_STRATEGIES}
+    assert got == {name: plugin_config(name) for name in LEGACY_STRATEGIES}
+    assert got["naive"] == got["ddp"] == {"plugin": "ddp"}
+    assert got["colossalai_zero2"] == {"plugin": "zero2", "precision": "fp16"}
+    assert got["colossalai_zero2_cpu"] == {"plugin": "zero2", "precision": "fp16", "cpu_offload": True}
+    assert got["colossalai_gemini"] == {"plugin": "gemini", "precision": "fp16", "initial_scale": 32}
+    assert got["colossalai_gemini_cpu"]["offload_param_frac"] == got["colossalai_gemini_cpu"]["offload_optim_frac"] == 1
+    for config in got.values():
+        options = dict(config)
+        resolve_plugin(options.pop("plugin"), options, allow_cpu_fallback=True)
 
 
 def test_lora_rank_becomes_a_peft_adapter_with_the_legacy_scaling(migrations):
@@ -271,7 +275,8 @@ def test_migrated_script_runs_end_to_end(migrations, tiny_model_path, tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", RAY_ADDRESS="", RAY_DEDUP_LOGS="0")
     done = subprocess.run(
         [sys.executable, str(script), "--pretrain", tiny_model_path, "--critic_pretrain", tiny_model_path,
-         "--prompt_path", str(csv), "--prompt_tokens", "96", "--max_length", "104", "--num_episodes", "1", "--lr", "1e-4",
+         "--prompt_path", str(csv), "--prompt_tokens", "96", "--max_length", "104", "--num_episodes", "1",
+         "--lr", "1e-4",
          "--inference_backend", "transformers", "--run_dir", str(tmp_path / "run")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=500)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]

@@ -6,8 +6,13 @@ from collections import Counter
 import pytest
 import torch
 
-from coati_compat.reference.orchestration import (fit_events, route_items, weight_push_calls, workingloop_batches,
-                                                  workingloop_events)
+from coati_compat.reference.orchestration import (
+    fit_events,
+    route_items,
+    weight_push_calls,
+    workingloop_batches,
+    workingloop_events,
+)
 from coati_compat.reference.replay_buffer import BufferEmpty, LegacyReplayBufferModel
 
 

@@ -1,0 +1,75 @@
+"""What the rewriter fills (`Plan`) and the context each mapping step works in (`MappingContext`)."""
+from __future__ import annotations
+
+import argparse
+import ast
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from coati_compat.migrate.analyze import ActorCall, LegacyScript
+from coati_compat.migrate.expressions import evaluate, source
+from coati_compat.migrate.notes import Note
+
+
+@dataclass
+class Plan:
+    """What the migrated script holds. Code strings read ``args.<flag>`` and the helpers named in ``helpers``."""
+
+    script_name: str
+    legacy_flags: List[str] = field(default_factory=list)
+    new_flags: List[str] = field(default_factory=list)
+    prelude: List[str] = field(default_factory=list)
+    kwargs: Dict[str, str] = field(default_factory=dict)
+    helpers: List[str] = field(default_factory=list)
+    notes: List[Note] = field(default_factory=list)
+    untranslated: List[str] = field(default_factory=list)
+
+
+class MappingContext:
+    """The legacy script being mapped, the plan being filled, and the small tools every mapping step uses.
+
+    script: the analysed legacy script; resolver: its expression resolver; plan: the migrated script so far;
+    defaults: the legacy flags' defaults (to compute values the way the legacy script would).
+    """
+
+    def __init__(self, script: LegacyScript):
+        self.script = script
+        self.resolver = script.resolver
+        self.plan = Plan(script_name=script.name)
+        self.defaults = argparse.Namespace(**{d: f.default for d, f in script.flags.items()})
+
+    def note(self, topic: str, text: str, key: Optional[str] = None, line: int = 0) -> None:
+        self.plan.notes.append(Note(topic, text, key, line))
+
+    def untranslated(self, text: str, line: int = 0) -> None:
+        self.plan.untranslated.append(f"{text} (legacy line {line})" if line else text)
+        self.note("custom-classes", f"NOT TRANSLATED: {text}", None, line)
+
+    def helper(self, name: str) -> str:
+        if name not in self.plan.helpers:
+            self.plan.helpers.append(name)
+        return name
+
+    def code(self, node: Optional[ast.expr]) -> Optional[str]:
+        value = self.resolver.portable(node)
+        return None if value is None else source(value)
+
+    def value(self, node: Optional[ast.expr]) -> Any:
+        """The value of a legacy expression with the legacy defaults (None when it cannot be computed)."""
+        value = self.resolver.portable(node)
+        if value is None:
+            return None
+        try:
+            return evaluate(value, self.defaults)
+        except Exception:  # arithmetic on a default of None, etc.: the value is unknown until run time
+            return None
+
+    def new_flag(self, dest: str, spec: str) -> str:
+        """Adds ``--dest`` to the migrated script (``--relay_dest`` when the legacy script has a --dest)."""
+        if dest in self.script.flags:
+            dest = f"relay_{dest}"
+        self.plan.new_flags.append(f'parser.add_argument("--{dest}", {spec})')
+        return f"args.{dest}"
+
+    def kw(self, site: Optional[ActorCall], name: str) -> Optional[ast.expr]:
+        return None if site is None else site.kwargs.get(name)
