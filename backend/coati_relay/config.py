@@ -318,12 +318,6 @@ def build_run_config(
                       "after one dies: use on_producer_failure='fail' or weight_sync='object_store'")
     if inference_backend not in BACKENDS:
         errors.append(f"inference_backend must be one of {list(BACKENDS)}, got {inference_backend!r}")
-    if ppp > 1:
-        import torch
-
-        if not torch.cuda.is_available():
-            errors.append(f"num_proc_per_producer={ppp} asks for tensor-parallel producers, which need GPUs; "
-                          f"use 1 on a host without CUDA")
     if ignored:
         log.info("launch parameters without effect here: %s", sorted(ignored))
 
@@ -350,6 +344,18 @@ def build_run_config(
     grpo = _dict(errors, "grpo_config", grpo_config)
     plc = _dict(errors, "plugin_config", plugin_config)
     tokc = _dict(errors, "tokenizer_config", tokenizer_config)
+    if ppp > 1:
+        import torch
+
+        if not torch.cuda.is_available():
+            errors.append(f"num_proc_per_producer={ppp} asks for tensor-parallel producers, which need GPUs; "
+                          f"use 1 on a host without CUDA")
+        if inference_backend != "vllm":
+            errors.append(f"num_proc_per_producer={ppp} shards each producer's engine over {ppp} GPUs, which only "
+                          f"inference_backend='vllm' does (tensor_parallel_size); use 1 with {inference_backend!r}")
+        if imc.get("tensor_parallel_size", ppp) != ppp:
+            errors.append(f"inference_model_config tensor_parallel_size={imc['tensor_parallel_size']!r} disagrees "
+                          f"with num_proc_per_producer={ppp}; drop it (num_proc_per_producer sets it)")
 
     model_path = _model_path(errors, "inference_model_config", imc)
     train_path = _model_path(errors, "train_model_config", tmc) if tmc.get("path") else model_path
@@ -417,7 +423,8 @@ def build_run_config(
         train_microbatch_size=tmicro, num_generations=ng, core_algo=core_algo, inference_backend=inference_backend,
         model_path=model_path, tokenizer_path=tokenizer_path, dataset=dataset, max_prompt_tokens=max_prompt_tokens,
         system_prompt=system_prompt, sampling=sampling,
-        inference_model_kwargs={k: v for k, v in imc.items() if k not in ("path", "checkpoint_path")},
+        inference_model_kwargs={**{k: v for k, v in imc.items() if k not in ("path", "checkpoint_path")},
+                                **({"tensor_parallel_size": ppp} if ppp > 1 else {})},
         train_model_kwargs={k: v for k, v in tmc.items() if k not in ("path", "checkpoint_path", "lora")},
         train_path=train_path, lora=tmc.get("lora"), plugin=plugin_name, plugin_options=plc,
         allow_cpu_fallback=allow_fallback, algo=algo, reward=reward, reward_model_path=rm_path,

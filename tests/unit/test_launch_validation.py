@@ -143,3 +143,19 @@ def test_ppo_allows_one_generation_and_gets_a_critic(files):
                                   train_batch_size=2, train_minibatch_size=2))
     assert cfg.critic_model_path == str(Path(files["model"]))
     assert cfg.algo["kl_coef"] > 0
+
+
+def test_producer_processes_reach_vllm_as_tensor_parallel_size(files, monkeypatch):
+    """num_proc_per_producer reserves that many GPUs per producer and shards its vLLM engine over them; anything
+    that cannot honour it is refused (checked as a CUDA host would see it)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cfg = build_run_config(**good(files, num_proc_per_producer=2, inference_backend="vllm"))
+    assert cfg.inference_model_kwargs["tensor_parallel_size"] == 2
+    assert "tensor_parallel_size" not in build_run_config(**good(files)).inference_model_kwargs
+    with pytest.raises(ConfigError, match="only inference_backend='vllm'"):
+        build_run_config(**good(files, num_proc_per_producer=2, inference_backend="transformers"))
+    with pytest.raises(ConfigError, match="tensor_parallel_size=4 disagrees"):
+        build_run_config(**good(files, num_proc_per_producer=2, inference_backend="vllm",
+                                inference_model_config={"path": files["model"], "tensor_parallel_size": 4}))
