@@ -8,8 +8,8 @@ Per round (``P`` prompts on this rank, ``G`` responses each, ``N = P*G`` sequenc
   the KL to a frozen reference enters the loss (``beta``), or the advantages (REINFORCE_PPB);
 - PPO: a critic gives values [N, R]; token rewards = ``-kl_coef * KL`` per token plus the reward on the last token;
   GAE gives advantages and returns [N, R]; the critic learns with the clipped value loss.
-Optimizer steps: ``train_batch_size`` prompts each, accumulated over ``train_minibatch_size``-prompt mini-batches,
-each forwarded in ``train_microbatch_size``-sequence chunks.
+Optimizer steps: ``train_batch_size`` prompts each; their gradients accumulate over forward chunks of
+``min(train_microbatch_size, train_minibatch_size * G)`` sequences (there is no separate mini-batch level).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 class ConsumerWorker:
-    """One data-parallel rank; usable without Ray when ``queue`` and ``weight_store`` are local objects."""
+    """One data-parallel rank, run as a Ray actor: it reads the queue and reports metrics through Ray."""
 
     def __init__(self, rank: int, cfg: RunConfig, queue, weight_store):
         self.rank = rank

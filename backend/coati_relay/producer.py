@@ -21,7 +21,8 @@ _POLL_S = 2.0  # how often a producer waiting for weights looks for tasks a dead
 
 
 class ProducerWorker:
-    """One producer, usable without Ray (the queue and weight store handles may be actors or local objects)."""
+    """One producer, run as a Ray actor: its rollouts go to the object store (``ray.put``); the queue and weight
+    store may be actor handles or local objects."""
 
     def __init__(self, index: int, cfg: RunConfig, queue, weight_store, start_version: int = 0):
         self.index = index

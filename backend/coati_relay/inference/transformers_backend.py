@@ -1,4 +1,4 @@
-"""`InferenceBackend` on transformers `generate`: the fallback where vLLM is missing, and the legacy maker's sampler.
+"""`InferenceBackend` on transformers `generate`: the fallback where vLLM is missing or lacks the model.
 
 Behaviour log-probs are those of the distribution actually sampled from: ``generate`` runs with
 ``output_scores=True``, whose scores are the logits after the temperature, top-k and top-p processors, and each
