@@ -4,32 +4,35 @@ Everything is validated here, in the driver, before any actor starts. Errors nam
 """
 from __future__ import annotations
 
+import inspect
 import logging
-import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
 
+from coati_relay import algorithms
+from coati_relay.config_algorithm import AlgorithmConfig, build_algorithm, closest, warn_ignored
 from coati_relay.inference.base import SamplingConfig
 
 log = logging.getLogger(__name__)
 
-GROUP_ALGOS = ("GRPO", "DAPO", "RLOO", "REINFORCE_PPB")
-ALGOS = GROUP_ALGOS + ("PPO",)
 BACKENDS = ("vllm", "transformers")
 # generate_config keys ColossalChat scripts pass that mean nothing here (HF/vLLM-specific switches).
 _IGNORED_GENERATE_KEYS = {"do_sample", "early_stopping", "max_length", "include_stop_str_in_output",
                           "stop_strings", "stop", "use_cache", "num_beams", "logprobs"}
 _GENERATE_KEYS = {"max_new_tokens", "max_tokens", "temperature", "top_k", "top_p", "seed", "ignore_eos",
                   "stop_token_ids"} | _IGNORED_GENERATE_KEYS
-_GRPO_KEYS = {"algo", "lr", "weight_decay", "train_microbatch_size", "beta", "loss_variation", "reward_fn_type",
-              "reward_fn", "max_length", "max_new_tokens", "response_format_tags", "clip_eps_low", "clip_eps_high",
-              "filter_range", "dynamic_batching", "skip_threshold", "soft_over_length_punishment", "cache_length",
-              "filter_truncated_response", "code_verifier_api_url", "overlength_scale",
-              # PPO (core_algo="PPO")
-              "critic_lr", "value_clip", "gamma", "lam", "kl_coef", "ppo_epochs", "normalize_advantages",
-              "lr_scheduler", "warmup_steps", "max_grad_norm"}
+# Keywords of ColossalChat's launch_distributed that have no effect here, and why.
+IGNORED_LAUNCH_KEYS = {
+    "master_addr": "consumers meet on their rank 0's node IP, chosen at launch",
+    "master_port": "consumers meet on a free port chosen at launch",
+    "eval_dataset_config": "evaluation is not run", "eval_interval": "evaluation is not run",
+    "eval_save_dir": "evaluation is not run", "eval_generation_config": "evaluation is not run",
+    "log_rollout_interval": "rollouts are not logged", "rollout_save_dir": "rollouts are not logged",
+    "enable_profiling": "no profiler is attached",
+    "data_actor_buffer_size_limit": "the rollout queue's bound is n_behind",
+}
 
 
 class ConfigError(ValueError):
@@ -65,7 +68,7 @@ class RunConfig:
     plugin: str
     plugin_options: Dict[str, Any]
     allow_cpu_fallback: bool
-    algo: Dict[str, Any]
+    algo: AlgorithmConfig
     reward: Union[str, Callable]
     reward_model_path: Optional[str]
     critic_model_path: Optional[str]
@@ -81,7 +84,6 @@ class RunConfig:
     project_name: str = "coati-relay"
     seed: int = 42
     progress: bool = True
-    extra: Dict[str, Any] = field(default_factory=dict)
 
     # -- derived sizes ---------------------------------------------------------------------------------------
     @property
@@ -205,61 +207,6 @@ def count_prompts(errors: List[str], dataset: Any, tokenizer_path: str, max_prom
     return len(ds)
 
 
-def _algo(errors: List[str], core_algo: Any, grpo: Dict[str, Any], num_generations: int) -> Dict[str, Any]:
-    if core_algo not in ALGOS:
-        errors.append(f"core_algo must be one of {list(ALGOS)}, got {core_algo!r}")
-        return {}
-    unknown = sorted(set(grpo) - _GRPO_KEYS)
-    if unknown:
-        errors.append(f"grpo_config has unknown keys {unknown}; accepted: {sorted(_GRPO_KEYS)}")
-    algo = grpo.get("algo", core_algo)
-    if algo != core_algo:
-        errors.append(f"grpo_config['algo'] = {algo!r} disagrees with core_algo = {core_algo!r}; make them equal "
-                      f"(or drop grpo_config['algo'])")
-    if core_algo in GROUP_ALGOS and num_generations < 2:
-        errors.append(f"{core_algo} normalises rewards within a group of num_generations responses per prompt: "
-                      f"num_generations must be >= 2, got {num_generations}; use core_algo='PPO' for one response")
-    dapo = core_algo == "DAPO"
-    out = {
-        "lr": grpo.get("lr", 1e-6),
-        "weight_decay": grpo.get("weight_decay", 0.01 if core_algo != "PPO" else 0.0),
-        "beta": grpo.get("beta", 0.0 if dapo else 0.01),
-        "loss_variation": grpo.get("loss_variation", "token_level" if dapo else "sample_level"),
-        "clip_eps_low": grpo.get("clip_eps_low", 0.2),
-        "clip_eps_high": grpo.get("clip_eps_high", 0.28 if dapo else 0.2),
-        "filter_range": grpo.get("filter_range", [0.01, 0.99] if dapo else None),
-        "soft_over_length_punishment": grpo.get("soft_over_length_punishment", dapo),
-        "cache_length": grpo.get("cache_length"),
-        "overlength_scale": grpo.get("overlength_scale", 1.0),
-        "filter_truncated_response": grpo.get("filter_truncated_response", dapo),
-        "critic_lr": grpo.get("critic_lr", grpo.get("lr", 1e-6)),
-        "value_clip": grpo.get("value_clip", 0.4),
-        "gamma": grpo.get("gamma", 1.0),
-        "lam": grpo.get("lam", 0.95),
-        "kl_coef": grpo.get("kl_coef", grpo.get("beta", 0.01) if core_algo == "PPO" else 0.0),
-        "ppo_epochs": grpo.get("ppo_epochs", 1),
-        "normalize_advantages": grpo.get("normalize_advantages", core_algo == "PPO"),
-        "lr_scheduler": grpo.get("lr_scheduler", "constant"),
-        "warmup_steps": grpo.get("warmup_steps", 0),
-        "max_grad_norm": grpo.get("max_grad_norm"),
-    }
-    for key in ("lr", "critic_lr"):
-        v = out[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            errors.append(f"grpo_config['{key}'] must be a finite number > 0, got {v!r}")
-    if out["loss_variation"] not in ("sample_level", "token_level"):
-        errors.append(f"grpo_config['loss_variation'] must be 'sample_level' or 'token_level', "
-                      f"got {out['loss_variation']!r}")
-    if not isinstance(out["beta"], (int, float)) or out["beta"] < 0:
-        errors.append(f"grpo_config['beta'] (KL weight) must be >= 0, got {out['beta']!r}")
-    fr = out["filter_range"]
-    if fr is not None and (not isinstance(fr, (list, tuple)) or len(fr) != 2 or not fr[0] < fr[1]):
-        errors.append(f"grpo_config['filter_range'] must be [low, high] with low < high, got {fr!r}")
-    if not isinstance(out["ppo_epochs"], int) or out["ppo_epochs"] < 1:
-        errors.append(f"grpo_config['ppo_epochs'] must be an int >= 1, got {out['ppo_epochs']!r}")
-    return out
-
-
 def _reward(errors: List[str], grpo: Dict[str, Any], reward_model_config: Optional[Dict[str, Any]]):
     reward = grpo.get("reward_fn", grpo.get("reward_fn_type", "toy_letter"))
     if reward_model_config:
@@ -276,6 +223,16 @@ def _reward(errors: List[str], grpo: Dict[str, Any], reward_model_config: Option
     except ValueError as exc:
         errors.append(f"grpo_config['reward_fn_type']: {exc}")
     return reward
+
+
+def _check_launch_keys(errors: List[str], extra: Dict[str, Any]) -> None:
+    """ColossalChat keywords without effect here warn once each; any other unknown keyword is an error."""
+    valid = [p for p in inspect.signature(build_run_config).parameters if p != "ignored"] + list(IGNORED_LAUNCH_KEYS)
+    for key in sorted(extra):
+        if key in IGNORED_LAUNCH_KEYS:
+            warn_ignored("launch_distributed", key, IGNORED_LAUNCH_KEYS[key])
+        else:
+            errors.append(f"launch_distributed has no keyword {key!r}{closest(key, valid)}")
 
 
 def build_run_config(
@@ -318,8 +275,7 @@ def build_run_config(
                       "after one dies: use on_producer_failure='fail' or weight_sync='object_store'")
     if inference_backend not in BACKENDS:
         errors.append(f"inference_backend must be one of {list(BACKENDS)}, got {inference_backend!r}")
-    if ignored:
-        log.info("launch parameters without effect here: %s", sorted(ignored))
+    _check_launch_keys(errors, ignored)
 
     # Sizes must tile: producers' micro-batches, consumers' shares and optimizer batches.
     if imbs and ibs % imbs:
@@ -370,16 +326,18 @@ def build_run_config(
         errors.append(f"grpo_config['train_microbatch_size'] must be a positive int (samples per forward), "
                       f"got {tmicro!r}")
         tmicro = 1
-    algo = _algo(errors, core_algo, grpo, ng)
+    algo = build_algorithm(errors, core_algo, grpo, ng)
+    needs_critic = algo is not None and algorithms.spec(core_algo).needs_critic
 
     rm_cfg = _dict(errors, "reward_model_config", reward_model_config)
     rm_path = _model_path(errors, "reward_model_config", rm_cfg) if rm_cfg else None
     critic_cfg = _dict(errors, "critic_model_config", critic_model_config)
     critic_path = _model_path(errors, "critic_model_config", critic_cfg) if critic_cfg else None
-    if core_algo == "PPO" and critic_path is None:
+    if needs_critic and critic_path is None:
         critic_path = train_path  # value head on a copy of the policy's trunk
-    if critic_cfg and core_algo != "PPO":
-        errors.append(f"critic_model_config is only used with core_algo='PPO' (got {core_algo!r}); drop it")
+    if critic_cfg and algo is not None and not needs_critic:
+        errors.append(f"critic_model_config is only used by algorithms with a critic (PPO), not {core_algo!r}; "
+                      f"drop it")
     reward = _reward(errors, grpo, rm_cfg)
 
     from coati_relay.training.plugins import resolve_plugin
@@ -398,8 +356,8 @@ def build_run_config(
         plugin_name, plc = resolve_plugin(plugin_name, plc, allow_cpu_fallback=allow_fallback)
     except ValueError as exc:
         errors.append(f"plugin_config: {exc}")
-    if max_norm is not None and algo.get("max_grad_norm") is None:
-        algo["max_grad_norm"] = max_norm
+    if max_norm is not None and algo is not None and algo.max_grad_norm is None:
+        algo = replace(algo, max_grad_norm=max_norm)
 
     dataset = tdc.get("path", tdc.get("prompts"))
     if dataset is None:

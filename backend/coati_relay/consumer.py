@@ -3,11 +3,11 @@
 Several consumers form one data-parallel group (gloo on CPU): each takes its share of a round's queue entries,
 gradients are averaged by the Booster's DDP wrapper, and rank 0 publishes the weights and writes checkpoints.
 
-Per round (``P`` prompts on this rank, ``G`` responses each, ``N = P*G`` sequences, ``R`` response tokens):
-- group algorithms (GRPO, DAPO, RLOO, REINFORCE_PPB): advantages from the rewards within each group [N, 1];
-  the KL to a frozen reference enters the loss (``beta``), or the advantages (REINFORCE_PPB);
-- PPO: a critic gives values [N, R]; token rewards = ``-kl_coef * KL`` per token plus the reward on the last token;
-  GAE gives advantages and returns [N, R]; the critic learns with the clipped value loss.
+Per round (``P`` prompts on this rank, ``G`` responses each, ``N = P*G`` sequences, ``R`` response tokens): the
+advantages come from the estimator registered under ``core_algo`` (`coati_relay.algorithms.estimators`), fed the
+rewards [N], the reference model's log-probs [N, R] when its KL weight is > 0, and a critic's values [N, R] when
+the estimator's spec asks for one (PPO; the critic then learns with the clipped value loss). The policy loss carries
+``beta * KL`` unless the estimator put the KL into rewards or advantages itself.
 Optimizer steps: ``train_batch_size`` prompts each; their gradients accumulate over forward chunks of
 ``min(train_microbatch_size, train_minibatch_size * G)`` sequences (there is no separate mini-batch level).
 """
@@ -59,20 +59,22 @@ class ConsumerWorker:
         torch.manual_seed(cfg.seed)
         init_process_group(self.rank, self.world_size, master_addr, master_port)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_path)
-        total_steps = cfg.total_rounds * cfg.optimizer_steps_per_round * a["ppo_epochs"]
+        total_steps = cfg.total_rounds * cfg.optimizer_steps_per_round * a.ppo_epochs
         common = dict(plugin=cfg.plugin, plugin_options=cfg.plugin_options, allow_cpu_fallback=cfg.allow_cpu_fallback,
-                      max_grad_norm=a["max_grad_norm"], scheduler=a["lr_scheduler"], total_steps=total_steps,
-                      warmup_steps=a["warmup_steps"], weight_decay=a["weight_decay"])
-        self.policy = TrainingBackend(load_causal_lm(cfg.train_path, lora=cfg.lora), lr=a["lr"], **common)
+                      max_grad_norm=a.max_grad_norm, scheduler=a.lr_scheduler, total_steps=total_steps,
+                      warmup_steps=a.warmup_steps, weight_decay=a.weight_decay)
+        self.policy = TrainingBackend(load_causal_lm(cfg.train_path, lora=cfg.lora), lr=a.lr, **common)
         self.backends = {"policy": self.policy}
         self.critic = None
-        if cfg.core_algo == "PPO":
+        self.spec = algos.spec(cfg.core_algo)
+        self.estimator = algos.get("advantage", cfg.core_algo)
+        if self.spec.needs_critic:
             from coati_relay.training.critic import CriticModel
 
-            self.critic = TrainingBackend(CriticModel.from_pretrained(cfg.critic_model_path), lr=a["critic_lr"],
+            self.critic = TrainingBackend(CriticModel.from_pretrained(cfg.critic_model_path), lr=a.critic_lr,
                                           **common)
             self.backends["critic"] = self.critic
-        kl_weight = a["kl_coef"] if cfg.core_algo == "PPO" else a["beta"]
+        kl_weight = getattr(a, self.spec.kl_weight_key)
         self.reference = None
         if kl_weight > 0:
             self.reference = load_causal_lm(cfg.train_path).eval().requires_grad_(False)
@@ -156,28 +158,18 @@ class ConsumerWorker:
             ref_logp = None
             if self.reference is not None:
                 ref_logp = self._logprobs(self.reference, seq, attn, num_resp)
-            if cfg.core_algo == "PPO":
+            values = None
+            if self.critic is not None:
                 values = self._values(seq, attn, batch.prompt_ids.size(1), num_resp)
-                token_rewards = algos.token_level_rewards(
-                    rewards, batch.logprobs, ref_logp if ref_logp is not None else batch.logprobs, mask,
-                    a["kl_coef"])
-                advantages, returns = algos.gae(token_rewards, values, mask, gamma=a["gamma"], lam=a["lam"])
-                if a["normalize_advantages"]:
-                    advantages = algos.whiten(advantages, mask) * mask
-            else:
-                values = returns = None
-                advantages = algos.group_advantage(rewards, batch.group_size, cfg.core_algo.lower()
-                                                   .replace("reinforce_ppb", "reinforce_pp")).unsqueeze(1)
-                if cfg.core_algo == "REINFORCE_PPB" and ref_logp is not None:
-                    kl = algos.kl_estimate(batch.logprobs, ref_logp, kind="k3")
-                    advantages = algos.kl_folded_advantages(advantages, kl, mask, a["beta"])
-                    ref_logp = None  # the KL is in the advantages now, not in the loss
+            out = self.estimator(algos.AdvantageInputs(rewards, batch.group_size, mask, batch.logprobs, ref_logp,
+                                                       values), a)
+            advantages, returns = out.advantages, out.returns
             loss_mask = self._loss_mask(batch, rewards)
         stats["kept_fraction"] = loss_mask.mean().item()
         prompts_per_step = cfg.train_batch_size
         g = batch.group_size
         step_stats: List[Dict[str, float]] = []
-        for _ in range(a["ppo_epochs"]):
+        for _ in range(a.ppo_epochs):
             for start in range(0, batch.num_prompts, prompts_per_step):
                 rows = slice(start * g, (start + prompts_per_step) * g)
                 step_stats.append(self._optimizer_step(
@@ -200,11 +192,11 @@ class ConsumerWorker:
         """[N] 1.0 for sequences that train, 0.0 for those DAPO's filters drop."""
         a = self.cfg.algo
         keep = torch.ones(batch.num_sequences)
-        if a.get("filter_range") and batch.group_size > 1:
-            lo, hi = a["filter_range"]
+        if a.filter_range and batch.group_size > 1:
+            lo, hi = a.filter_range
             mean = rewards.view(-1, batch.group_size).mean(dim=1, keepdim=True).expand(-1, batch.group_size)
             keep *= ((mean > lo) & (mean < hi)).reshape(-1).float()
-        if a.get("filter_truncated_response"):
+        if a.filter_truncated_response:
             keep *= (batch.response_lengths < self.cfg.sampling.max_new_tokens).float()
         return keep
 
@@ -214,7 +206,7 @@ class ConsumerWorker:
         cfg, a = self.cfg, self.cfg.algo
         n = seq.size(0)
         micro = min(cfg.train_microbatch_size, cfg.train_minibatch_size * cfg.num_generations, n)
-        token_level = a["loss_variation"] == "token_level"
+        token_level = a.loss_variation == "token_level"
         total_tokens = (mask * loss_mask.unsqueeze(1)).sum().clamp(min=1.0)
         sums: Dict[str, float] = {}
         self.policy.model.train()
@@ -223,9 +215,9 @@ class ConsumerWorker:
             logp = self._logprobs(self.policy.model, seq[sl], attn[sl], num_resp)
             per_token_kl = None if ref_logp is None else algos.kl_estimate(logp, ref_logp[sl], kind="k3")
             loss, st = algos.policy_loss(
-                logp, old_logp[sl], adv[sl], mask[sl], clip_eps_low=a["clip_eps_low"],
-                clip_eps_high=a["clip_eps_high"], aggregation=a["loss_variation"], per_token_kl=per_token_kl,
-                beta=a["beta"] if cfg.core_algo != "PPO" else 0.0, loss_mask=loss_mask[sl],
+                logp, old_logp[sl], adv[sl], mask[sl], clip_eps_low=a.clip_eps_low,
+                clip_eps_high=a.clip_eps_high, aggregation=a.loss_variation, per_token_kl=per_token_kl,
+                beta=a.beta if self.spec.kl_in_loss else 0.0, loss_mask=loss_mask[sl],
                 total_tokens=total_tokens if token_level else None)
             weight = 1.0 if token_level else (seq[sl].size(0) / n)
             self.policy.backward(loss * weight)
@@ -236,12 +228,12 @@ class ConsumerWorker:
             if self.critic is not None:
                 self.critic.model.train()
                 v = self._values(seq[sl], attn[sl], seq.size(1) - num_resp, num_resp)
-                vloss = algos.value_loss(v, values[sl], returns[sl], clip_eps=a["value_clip"], mask=mask[sl])
+                vloss = algos.value_loss(v, values[sl], returns[sl], clip_eps=a.value_clip, mask=mask[sl])
                 self.critic.backward(vloss * seq[sl].size(0) / n)
                 _add(sums, "value_loss", vloss.item() * seq[sl].size(0) / n)
         out = self.policy.step()
         self.policy.zero_grad()
-        sums["lr"] = float(out.get("lr", a["lr"]))
+        sums["lr"] = float(out.get("lr", a.lr))
         if self.critic is not None:
             self.critic.step()
             self.critic.zero_grad()

@@ -126,13 +126,13 @@ class ProducerWorker:
         gts = [a for a in rollout.info.get("gt_answer", [None] * rollout.num_prompts) for _ in range(g)]
         prompts = [p for p in prompts_text for _ in range(g)]
         rewards = self.reward_fn(texts, gts, prompts).float()
-        if self.cfg.algo.get("soft_over_length_punishment"):
+        if self.cfg.algo.soft_over_length_punishment:
             from coati_relay.rewards import soft_overlength_penalty
 
             big = self.cfg.sampling.max_new_tokens
             rewards = soft_overlength_penalty(rewards, rollout.response_lengths, big,
-                                              self.cfg.algo.get("cache_length") or max(1, big // 4),
-                                              scale=self.cfg.algo.get("overlength_scale", 1.0))
+                                              self.cfg.algo.cache_length or max(1, big // 4),
+                                              scale=self.cfg.algo.overlength_scale)
         return rewards
 
     def _run_task(self, task: int) -> None:

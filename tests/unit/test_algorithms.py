@@ -43,21 +43,33 @@ def test_whiten_uses_valid_entries_only():
 
 
 # -------------------------------------------------------------------------------------------------- registry
+def _inputs(rewards, group_size, **kw):
+    n = rewards.numel()
+    return alg.AdvantageInputs(rewards, group_size, torch.ones(n, 3), torch.zeros(n, 3), **kw)
+
+
 def test_registry_lists_and_finds_every_kind():
-    assert {"grpo", "dapo", "rloo", "reinforce_pp", "reinforce_ppb", "gae"} <= set(alg.names("advantage"))
+    assert alg.names("advantage") == ["dapo", "grpo", "ppo", "reinforce_ppb", "rloo"]
     assert alg.names("kl") == ["k1", "k2", "k3"]
     assert alg.get("policy_loss", "ppo_clip") is alg.policy_loss
     assert alg.get("value_loss", "clipped") is alg.value_loss
-    assert alg.get("advantage", "GRPO")(T([1.0, 0.0]), 2).shape == (2,)  # names are case-insensitive
+    out = alg.get("advantage", "GRPO")(_inputs(T([1.0, 0.0]), 2), None)  # names are case-insensitive
+    assert out.advantages.shape == (2, 1) and out.returns is None
+    assert alg.spec("PPO").needs_critic and alg.spec("PPO").kl_weight_key == "kl_coef"
+    assert alg.spec("DAPO").defaults["beta"] == 0.0 and alg.spec("rloo").min_group_size == 2
 
 
 def test_registry_errors():
-    with pytest.raises(ValueError, match=r"unknown advantage 'ppo'.*'grpo'"):
-        alg.get("advantage", "ppo")
+    with pytest.raises(ValueError, match=r"unknown advantage 'trpo'.*'grpo'"):
+        alg.get("advantage", "trpo")
     with pytest.raises(ValueError, match="unknown algorithm kind 'reward'"):
         alg.get("reward", "x")
     with pytest.raises(ValueError, match="already registered"):
         alg.register("kl", "k3")(lambda logp, ref: logp)
+    with pytest.raises(ValueError, match="needs spec=AlgorithmSpec"):
+        alg.register("advantage", "no_spec")
+    with pytest.raises(ValueError, match="only advantage estimators take a spec"):
+        alg.register("kl", "k4", spec=alg.AlgorithmSpec())
 
 
 def test_register_adds_a_new_name():
@@ -68,8 +80,7 @@ def test_register_adds_a_new_name():
     try:
         close(alg.kl_estimate(T([[1.0]]), T([[2.0]]), kind="test_zero"), [[0.0]])
     finally:
-        from coati_relay.algorithms.registry import _REGISTRY
-        del _REGISTRY["kl"]["test_zero"]
+        alg.unregister("kl", "test_zero")
 
 
 # -------------------------------------------------------------------------------------------------- advantages
@@ -81,12 +92,34 @@ REWARDS = T([1.0, 0.0, 0.0, 1.0, 2.0, 4.0, 6.0, 8.0])  # two groups of G = 4
     ("grpo", [0.8658754, -0.8658754, -0.8658754, 0.8658754, -1.1618500, -0.3872833, 0.3872833, 1.1618500]),
     ("dapo", [0.8658754, -0.8658754, -0.8658754, 0.8658754, -1.1618500, -0.3872833, 0.3872833, 1.1618500]),
     ("rloo", [2 / 3, -2 / 3, -2 / 3, 2 / 3, -4.0, -4 / 3, 4 / 3, 4.0]),
-    ("reinforce_pp", [0.5, -0.5, -0.5, 0.5, -3.0, -1.0, 1.0, 3.0]),
     ("REINFORCE_PPB", [0.5, -0.5, -0.5, 0.5, -3.0, -1.0, 1.0, 3.0]),
 ])
 def test_group_advantage(algo, expected):
     close(alg.group_advantage(REWARDS, 4, algo), expected)
-    close(alg.get("advantage", algo)(REWARDS, 4), expected)
+    close(alg.get("advantage", algo)(_inputs(REWARDS, 4), None).advantages, [[e] for e in expected])
+
+
+def test_reinforce_ppb_folds_the_kl_into_whitened_advantages():
+    params = type("P", (), {"beta": 0.5})
+    ref = torch.full((8, 3), -1.0)  # behaviour log-probs are 0
+    out = alg.get("advantage", "reinforce_ppb")(_inputs(REWARDS, 4, ref_logprobs=ref), params)
+    k3 = math.exp(-1.0) - 1 + 1.0  # x = ref - logp = -1 on every token
+    base = T([0.5, -0.5, -0.5, 0.5, -3.0, -1.0, 1.0, 3.0]).unsqueeze(1)
+    torch.testing.assert_close(out.advantages, alg.whiten(base - 0.5 * k3 * torch.ones(8, 3), torch.ones(8, 3)))
+    assert not alg.spec("reinforce_ppb").kl_in_loss
+
+
+def test_ppo_estimator_is_token_rewards_then_gae():
+    params = type("P", (), {"kl_coef": 0.1, "gamma": 1.0, "lam": 0.5, "normalize_advantages": False})
+    rewards, mask = T([1.0, 2.0]), T([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    logp, ref, values = torch.zeros(2, 3), torch.full((2, 3), -0.5), T([[0.5, 0.4, 0.3], [1.0, 0.5, 7.0]])
+    out = alg.get("advantage", "ppo")(alg.AdvantageInputs(rewards, 1, mask, logp, ref, values), params)
+    token_rewards = alg.token_level_rewards(rewards, logp, ref, mask, 0.1)
+    adv, ret = alg.gae(token_rewards, values, mask, gamma=1.0, lam=0.5)
+    torch.testing.assert_close(out.advantages, adv)
+    torch.testing.assert_close(out.returns, ret)
+    with pytest.raises(ValueError, match="critic's values"):
+        alg.get("advantage", "ppo")(alg.AdvantageInputs(rewards, 1, mask, logp), params)
 
 
 def test_rloo_is_leave_one_out_baseline():
@@ -123,7 +156,7 @@ def test_gae_by_hand():
     close(adv, [[0.025, 0.25, 0.7], [0.25, 1.5, 0.0]])
     close(ret, [[0.525, 0.65, 1.0], [1.25, 2.0, 0.0]])
     # gamma 0.5, lam 1: returns are the discounted returns 0.25, 0.5, 1
-    adv, ret = alg.get("advantage", "gae")(rewards[:1], values[:1], mask[:1], gamma=0.5, lam=1.0)
+    adv, ret = alg.gae(rewards[:1], values[:1], mask[:1], gamma=0.5, lam=1.0)
     close(adv, [[-0.25, 0.1, 0.7]])
     close(ret, [[0.25, 0.5, 1.0]])
 

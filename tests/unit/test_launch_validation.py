@@ -97,6 +97,12 @@ BAD = [
     ("zero-stage-on-cpu", lambda f: {"plugin_config": {"zero_stage": 2}}, ["plugin_config"]),
     ("negative-lr", lambda f: {"grpo_config": {"lr": -1.0}}, ["lr", "> 0"]),
     ("unknown-grpo-key", lambda f: {"grpo_config": {"learning_rate": 1e-3}}, ["learning_rate"]),
+    ("misspelt-grpo-key", lambda f: {"grpo_config": {"clip_eps_hgh": 0.3}}, ["did you mean 'clip_eps_high'"]),
+    ("misspelt-launch-keyword", lambda f: {"num_generation": 4}, ["no keyword 'num_generation'",
+                                                                  "did you mean 'num_generations'"]),
+    ("unknown-launch-keyword", lambda f: {"wandb_project": "x"}, ["no keyword 'wandb_project'"]),
+    ("bad-gamma", lambda f: {"core_algo": "PPO", "num_generations": 1, "train_batch_size": 2,
+                             "train_minibatch_size": 2, "grpo_config": {"gamma": 1.5}}, ["gamma", "[0, 1]"]),
     ("unknown-reward", lambda f: {"grpo_config": {"reward_fn_type": "vibes"}}, ["vibes"]),
     ("bad-loss-variation", lambda f: {"grpo_config": {"loss_variation": "seq"}}, ["loss_variation"]),
     ("bad-temperature", lambda f: {"generate_config": {"temperature": 0}}, ["temperature"]),
@@ -142,7 +148,7 @@ def test_ppo_allows_one_generation_and_gets_a_critic(files):
     cfg = build_run_config(**good(files, core_algo="PPO", num_generations=1,
                                   train_batch_size=2, train_minibatch_size=2))
     assert cfg.critic_model_path == str(Path(files["model"]))
-    assert cfg.algo["kl_coef"] > 0
+    assert cfg.algo.kl_coef > 0
 
 
 def test_producer_processes_reach_vllm_as_tensor_parallel_size(files, monkeypatch):
@@ -159,3 +165,26 @@ def test_producer_processes_reach_vllm_as_tensor_parallel_size(files, monkeypatc
     with pytest.raises(ConfigError, match="tensor_parallel_size=4 disagrees"):
         build_run_config(**good(files, num_proc_per_producer=2, inference_backend="vllm",
                                 inference_model_config={"path": files["model"], "tensor_parallel_size": 4}))
+
+
+def test_colossalchat_keys_without_effect_warn_once(files, caplog):
+    import coati_relay.config_algorithm as ca
+
+    ca._WARNED.clear()
+    over = dict(grpo_config={"lr": 1e-3, "dynamic_batching": True, "skip_threshold": 20.0},
+                eval_interval=10, master_port=29506)
+    with caplog.at_level("WARNING", logger="coati_relay.config_algorithm"):
+        build_run_config(**good(files, **over))
+        build_run_config(**good(files, **over))
+    lines = [r.getMessage() for r in caplog.records]
+    for key in ("grpo_config['dynamic_batching']", "grpo_config['skip_threshold']",
+                "launch_distributed['eval_interval']", "launch_distributed['master_port']"):
+        assert sum(key in line and "no effect here" in line for line in lines) == 1, (key, lines)
+
+
+def test_algorithm_defaults_come_from_the_estimator_spec(files):
+    dapo = build_run_config(**good(files, core_algo="DAPO")).algo
+    assert (dapo.beta, dapo.loss_variation, dapo.clip_eps_high, dapo.filter_truncated_response) == (
+        0.0, "token_level", 0.28, True)
+    grpo = build_run_config(**good(files)).algo
+    assert (grpo.beta, grpo.loss_variation, grpo.clip_eps_high, grpo.critic_lr) == (0.01, "sample_level", 0.2, 1e-3)

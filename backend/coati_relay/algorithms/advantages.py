@@ -1,8 +1,9 @@
-"""Advantage estimators, registered under kind ``"advantage"``.
+"""Advantage arithmetic the estimators of `coati_relay.algorithms.estimators` are made of.
 
-- ``grpo`` / ``dapo`` / ``rloo`` / ``reinforce_pp`` (alias ``reinforce_ppb``): group-relative baselines over the
-  G responses of each prompt, computed on the raw reward.
-- ``gae``: generalised advantage estimation over per-token rewards and values (PPO with a critic).
+- `group_advantage`: group-relative baselines over the G responses of each prompt (grpo, dapo, rloo,
+  reinforce_pp / reinforce_ppb), computed on the raw reward.
+- `gae`: generalised advantage estimation over per-token rewards and values (PPO with a critic).
+- `kl_folded_advantages`: REINFORCE++'s KL penalty folded into the advantages.
 """
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from typing import Tuple
 import torch
 
 from coati_relay.algorithms.masked import whiten
-from coati_relay.algorithms.registry import register
 
 GROUP_ALGOS = ("grpo", "dapo", "rloo", "reinforce_pp", "reinforce_ppb")
 
@@ -48,19 +48,6 @@ def group_advantage(rewards: torch.Tensor, group_size: int, algo: str, eps: floa
     return adv.reshape(-1)
 
 
-def _register_group(name: str) -> None:
-    def estimator(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
-        return group_advantage(rewards, group_size, name, eps=eps)
-
-    estimator.__name__ = estimator.__qualname__ = f"{name}_advantage"
-    estimator.__doc__ = f"``group_advantage(rewards [N], group_size, {name!r}, eps)`` -> [N]."
-    register("advantage", name)(estimator)
-
-
-for _name in GROUP_ALGOS:
-    _register_group(_name)
-
-
 def kl_folded_advantages(advantages: torch.Tensor, per_token_kl: torch.Tensor, mask: torch.Tensor,
                          beta: float) -> torch.Tensor:
     """REINFORCE++ with a KL penalty: ``whiten(A - beta * kl, mask)`` over the whole micro-batch.
@@ -73,7 +60,6 @@ def kl_folded_advantages(advantages: torch.Tensor, per_token_kl: torch.Tensor, m
     return whiten(advantages - beta * per_token_kl, mask)
 
 
-@register("advantage", "gae")
 def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
         lam: float = 0.95) -> Tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation. token_rewards, values, mask: [B,T]. Returns (advantages, returns), [B,T].

@@ -1,42 +1,88 @@
-"""Name registry for the algorithm functions: advantage estimators, policy and value losses, KL estimators.
+"""Name registry for the algorithm functions, and the dispatch of a run: the consumer looks its ``core_algo`` up here.
 
-Engine, legacy shims and the reference look functions up by name, so each formula exists exactly once.
+Kinds and the one signature each kind's functions have:
+
+- ``advantage``: ``fn(inputs: AdvantageInputs, params: AlgorithmConfig) -> Advantages`` (see
+  `coati_relay.algorithms.estimators`). The registered names are the accepted ``core_algo`` values (case-insensitive),
+  and each entry carries its `AlgorithmSpec` (critic or not, group size, KL placement, default settings).
+- ``policy_loss``: ``fn(logp, old_logp, advantages, mask, **options) -> (loss, stats)``.
+- ``value_loss``: ``fn(values, old_values, returns, clip_eps, mask) -> loss``.
+- ``kl``: ``fn(logp, ref_logp) -> per-token KL`` ([B,T] each).
+
+Adding an advantage estimator is one registered function (``@register("advantage", "name", spec=...)``) and its test.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, TypeVar
 
 KINDS = ("advantage", "policy_loss", "value_loss", "kl")
-
-_REGISTRY: Dict[str, Dict[str, Callable]] = {kind: {} for kind in KINDS}
 
 F = TypeVar("F", bound=Callable)
 
 
-def _table(kind: str) -> Dict[str, Callable]:
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """What an advantage estimator needs from the run around it.
+
+    needs_critic: the consumer trains a critic and passes its values (PPO).
+    min_group_size: the fewest responses per prompt (``num_generations``) its baseline is defined for.
+    kl_weight_key: the algorithm setting that weighs the KL to the reference model (``beta``, or PPO's ``kl_coef``);
+      the reference model is loaded only when that weight is > 0.
+    kl_in_loss: the policy loss carries ``beta * KL``; False where the estimator puts the KL into rewards or
+      advantages itself.
+    defaults: the algorithm settings whose default differs for this estimator (e.g. DAPO's ``beta = 0``).
+    """
+
+    needs_critic: bool = False
+    min_group_size: int = 1
+    kl_weight_key: str = "beta"
+    kl_in_loss: bool = True
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    fn: Callable
+    spec: Optional[AlgorithmSpec]
+
+
+_REGISTRY: Dict[str, Dict[str, _Entry]] = {kind: {} for kind in KINDS}
+
+
+def _table(kind: str) -> Dict[str, _Entry]:
     if kind not in _REGISTRY:
         raise ValueError(f"unknown algorithm kind {kind!r}; use one of {list(KINDS)}")
     return _REGISTRY[kind]
 
 
-def register(kind: str, name: str) -> Callable[[F], F]:
-    """Decorator: registers ``fn`` under ``(kind, name)``. Names are case-insensitive; a taken name raises."""
+def register(kind: str, name: str, spec: Optional[AlgorithmSpec] = None) -> Callable[[F], F]:
+    """Decorator: registers ``fn`` under ``(kind, name)``. Names are case-insensitive; a taken name raises.
+    Advantage estimators need a ``spec``; the other kinds take none."""
     table = _table(kind)
     key = name.lower()
+    if (kind == "advantage") != (spec is not None):
+        raise ValueError(f"register({kind!r}, {name!r}): " + ("an advantage estimator needs spec=AlgorithmSpec(...)"
+                                                              if kind == "advantage" else "only advantage "
+                                                              "estimators take a spec"))
 
     def deco(fn: F) -> F:
         if not callable(fn):
             raise TypeError(f"register({kind!r}, {name!r}) needs a callable, got {type(fn).__name__}")
-        if key in table and table[key] is not fn:
-            raise ValueError(f"{kind} {name!r} is already registered ({table[key].__qualname__}); pick another name")
-        table[key] = fn
+        if key in table and table[key].fn is not fn:
+            raise ValueError(f"{kind} {name!r} is already registered ({table[key].fn.__qualname__}); pick another name")
+        table[key] = _Entry(fn, spec)
         return fn
 
     return deco
 
 
-def get(kind: str, name: str) -> Callable:
-    """The function registered under ``(kind, name)``; an unknown name raises ValueError listing the known ones."""
+def unregister(kind: str, name: str) -> None:
+    """Removes ``(kind, name)`` (for tests that register a throwaway function)."""
+    _table(kind).pop(name.lower(), None)
+
+
+def _entry(kind: str, name: str) -> _Entry:
     table = _table(kind)
     if not isinstance(name, str):
         raise TypeError(f"{kind} name must be a str, got {type(name).__name__}")
@@ -44,6 +90,16 @@ def get(kind: str, name: str) -> Callable:
         return table[name.lower()]
     except KeyError:
         raise ValueError(f"unknown {kind} {name!r}; registered: {sorted(table)}") from None
+
+
+def get(kind: str, name: str) -> Callable:
+    """The function registered under ``(kind, name)``; an unknown name raises ValueError listing the known ones."""
+    return _entry(kind, name).fn
+
+
+def spec(name: str) -> AlgorithmSpec:
+    """The `AlgorithmSpec` of advantage estimator ``name`` (a ``core_algo``)."""
+    return _entry("advantage", name).spec
 
 
 def names(kind: str) -> List[str]:
