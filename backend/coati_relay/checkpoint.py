@@ -3,7 +3,7 @@
 Layout::
 
     run_dir/checkpoints/step-000010/<backend name>/{model.pt, optimizer.pt, lr_scheduler.pt}
-    run_dir/checkpoints/step-000010/state.json      {"step": 10, ...anything JSON: sampler position, version}
+    run_dir/checkpoints/step-000010/state.json      {"step": 10, ...anything JSON: round, version}
     run_dir/checkpoints/latest                      "step-000010"
 
 A checkpoint is written into a hidden temporary directory and renamed into place once complete, so a crash leaves

@@ -128,8 +128,7 @@ class ConsumerWorker:
                 metrics.update(self._publish(self.round))
             if self.round % cfg.save_interval == 0 or self.round == cfg.total_rounds:
                 path = save_checkpoint(cfg.save_dir, self.round, self.backends,  # every rank takes part
-                                       {"round": self.round, "version": self.round,
-                                        "tasks_done": self.round * cfg.tasks_per_round})
+                                       {"round": self.round, "version": self.round})
                 metrics["checkpoint"] = str(path)
             load_s = max((e.meta.get("weight_load_last_s", 0.0) for e in entries), default=0.0)
             metrics.update({
@@ -209,7 +208,7 @@ class ConsumerWorker:
         token_level = a.loss_variation == "token_level"
         total_tokens = (mask * loss_mask.unsqueeze(1)).sum().clamp(min=1.0)
         sums: Dict[str, float] = {}
-        self.policy.model.train()
+        self.policy.train()
         for s in range(0, n, micro):
             sl = slice(s, s + micro)
             logp = self._logprobs(self.policy.model, seq[sl], attn[sl], num_resp)
@@ -226,7 +225,7 @@ class ConsumerWorker:
             if per_token_kl is not None:
                 _add(sums, "kl", algos.masked_mean(per_token_kl, mask[sl]).item() * seq[sl].size(0) / n)
             if self.critic is not None:
-                self.critic.model.train()
+                self.critic.train()
                 v = self._values(seq[sl], attn[sl], seq.size(1) - num_resp, num_resp)
                 vloss = algos.value_loss(v, values[sl], returns[sl], clip_eps=a.value_clip, mask=mask[sl])
                 self.critic.backward(vloss * seq[sl].size(0) / n)

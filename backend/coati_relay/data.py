@@ -52,24 +52,6 @@ class PromptDataset:
     def __len__(self) -> int:
         return len(self.prompt_ids)
 
-    def subset(self, indices: Sequence[int]) -> "PromptDataset":
-        """The prompts at ``indices`` (in that order, repeats allowed), with their info."""
-        n = len(self.prompt_ids)
-        bad = [i for i in indices if not -n <= int(i) < n]
-        if bad:
-            raise IndexError(f"PromptDataset.subset: indices {bad[:5]} out of range for {n} prompts")
-        return PromptDataset(prompt_ids=[self.prompt_ids[i] for i in indices],
-                             info={k: [v[i] for i in indices] for k, v in self.info.items()})
-
-
-def validate_tokenizer(tokenizer: Any) -> None:
-    """Raises unless ``tokenizer`` can pad batches of prompts (it needs a pad token)."""
-    if not callable(tokenizer) or not hasattr(tokenizer, "pad_token"):
-        raise TypeError(f"expected a transformers tokenizer, got {type(tokenizer).__name__}")
-    if tokenizer.pad_token is None:
-        raise ValueError(f"tokenizer {type(tokenizer).__name__} has no pad token, so prompt batches cannot be padded; "
-                         "set one before launching, e.g. tokenizer.pad_token = tokenizer.eos_token")
-
 
 def _messages_of(record: Any, where: str) -> Tuple[List[Dict[str, str]], Dict[str, Any]]:
     """Splits one jsonl-style record into its chat messages and its other fields."""
@@ -222,8 +204,8 @@ class PromptSampler:
     """Cuts ``num_prompts`` prompts into tasks of ``batch_size`` prompt indices.
 
     ``batch(t)`` is a pure function of ``(seed, t)``: task ``t`` belongs to epoch ``t // tasks_per_epoch``, whose
-    order is a permutation seeded by ``(seed, epoch)``, so any producer can run any task. ``position`` counts the
-    tasks handed out by `next_task` and is what `state_dict` keeps for resuming.
+    order is a permutation seeded by ``(seed, epoch)``, so any producer can run any task (the queue's task board
+    hands the task numbers out).
     """
 
     def __init__(self, num_prompts: int, batch_size: int, seed: int = 42, shuffle: bool = True,
@@ -236,16 +218,12 @@ class PromptSampler:
                              "lower the batch size or add prompts")
         self.num_prompts, self.batch_size = num_prompts, batch_size
         self.seed, self.shuffle, self.drop_last = int(seed), bool(shuffle), bool(drop_last)
-        self.position = 0
         self._cached: Tuple[int, Optional[np.ndarray]] = (-1, None)
 
     @property
     def tasks_per_epoch(self) -> int:
         full, rest = divmod(self.num_prompts, self.batch_size)
         return full + (1 if rest and not self.drop_last else 0)
-
-    def epoch_of(self, task_index: int) -> int:
-        return task_index // self.tasks_per_epoch
 
     def _order(self, epoch: int) -> np.ndarray:
         if self._cached[0] != epoch:
@@ -261,25 +239,3 @@ class PromptSampler:
             raise ValueError(f"PromptSampler.batch: task_index must be an int >= 0, got {task_index!r}")
         epoch, k = divmod(int(task_index), self.tasks_per_epoch)
         return self._order(epoch)[k * self.batch_size:(k + 1) * self.batch_size].tolist()
-
-    def next_task(self) -> Tuple[int, List[int]]:
-        """Hands out the task at ``position`` and advances it: returns ``(task_index, prompt_indices)``."""
-        t = self.position
-        self.position += 1
-        return t, self.batch(t)
-
-    def state_dict(self) -> Dict[str, Any]:
-        return {"position": self.position, "num_prompts": self.num_prompts, "batch_size": self.batch_size,
-                "seed": self.seed, "shuffle": self.shuffle, "drop_last": self.drop_last}
-
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Resumes at ``state["position"]``; the sampler must be configured as the one that saved it."""
-        mine = self.state_dict()
-        diff = {k: (state.get(k), mine[k]) for k in mine if k != "position" and state.get(k) != mine[k]}
-        if diff:
-            raise ValueError(f"PromptSampler.load_state_dict: saved settings differ from this sampler's "
-                             f"(saved, current): {diff}; build the sampler with the saved settings to resume")
-        position = state.get("position")
-        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
-            raise ValueError(f"PromptSampler.load_state_dict: position must be an int >= 0, got {position!r}")
-        self.position = position

@@ -6,14 +6,14 @@ A `Rollout` holds ``N = num_prompts * group_size`` sampled sequences, prompt-maj
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
 # Tensor fields whose second dimension is the response length; they are right-padded when rollouts are joined.
-_RESPONSE_FIELDS = ("response_ids", "response_mask", "logprobs", "ref_logprobs", "values")
+_RESPONSE_FIELDS = ("response_ids", "response_mask", "logprobs")
 _PROMPT_FIELDS = ("prompt_ids", "prompt_mask")
 _ROW_FIELDS = ("response_lengths", "rewards")
 
@@ -31,8 +31,6 @@ class Rollout:
     group_size:       G, responses per prompt.
     weight_version:   version of the weights that generated this rollout (-1: unknown).
     rewards:          FloatTensor [N] or None, scalar reward per response.
-    ref_logprobs:     FloatTensor [N, R] or None, reference-model log-probs.
-    values:           FloatTensor [N, R] or None, critic values per response token.
     info:             per-prompt metadata (e.g. ``gt_answer``), each a list of length N / G.
     """
 
@@ -45,8 +43,6 @@ class Rollout:
     group_size: int = 1
     weight_version: int = -1
     rewards: Optional[torch.Tensor] = None
-    ref_logprobs: Optional[torch.Tensor] = None
-    values: Optional[torch.Tensor] = None
     info: Dict[str, List[Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -75,26 +71,6 @@ class Rollout:
     def attention_mask(self) -> torch.Tensor:
         """LongTensor [N, P + R]: prompt mask then response mask."""
         return torch.cat([self.prompt_mask.long(), self.response_mask.long()], dim=1)
-
-    def to(self, device: torch.device | str) -> "Rollout":
-        moved = {
-            f.name: getattr(self, f.name).to(device)
-            for f in fields(self)
-            if isinstance(getattr(self, f.name), torch.Tensor)
-        }
-        return replace(self, **moved)
-
-    def select_prompts(self, start: int, stop: int) -> "Rollout":
-        """Rows of prompts ``start..stop-1`` (all their G responses)."""
-        g = self.group_size
-        rows = slice(start * g, stop * g)
-        cut = {
-            f.name: getattr(self, f.name)[rows]
-            for f in fields(self)
-            if isinstance(getattr(self, f.name), torch.Tensor)
-        }
-        info = {k: v[start:stop] for k, v in self.info.items()}
-        return replace(self, info=info, **cut)
 
     @staticmethod
     def concat(parts: Sequence["Rollout"], pad_token_id: int) -> "Rollout":
@@ -130,20 +106,19 @@ class Rollout:
         return Rollout(group_size=g, **out)
 
 
-def response_mask_from_ids(response_ids: torch.Tensor, eos_token_id: Optional[int],
-                           lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """BoolTensor [N, R]: True up to and including the first EOS (and below ``lengths`` when given).
+def response_mask(response_ids: torch.Tensor, stop_ids: Sequence[int],
+                  lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """BoolTensor [N, R]: True up to and including the first stop token, and below ``lengths`` when given.
 
-    response_ids: LongTensor [N, R]; lengths: LongTensor [N] of generated tokens per row (None: all R).
+    The one "mask through the first EOS" of the project (engine backends and the legacy sampler).
+    response_ids: LongTensor [N, R]; stop_ids: the ids that end a response (empty: none does);
+    lengths: LongTensor [N] of generated tokens per row (None: all R).
     """
     n, r = response_ids.shape
-    pos = torch.arange(r, device=response_ids.device).expand(n, r)
     mask = torch.ones(n, r, dtype=torch.bool, device=response_ids.device)
     if lengths is not None:
-        mask &= pos < lengths.unsqueeze(1)
-    if eos_token_id is not None:
-        is_eos = (response_ids == eos_token_id) & mask
-        # Positions strictly after the first EOS are masked out; the EOS itself stays.
-        after_eos = (torch.cumsum(is_eos.long(), dim=1) - is_eos.long()) > 0
-        mask &= ~after_eos
+        mask &= torch.arange(r, device=response_ids.device).expand(n, r) < lengths.unsqueeze(1)
+    if stop_ids:
+        is_stop = torch.isin(response_ids, torch.tensor(list(stop_ids), device=response_ids.device)) & mask
+        mask &= (is_stop.long().cumsum(dim=1) - is_stop.long()) == 0  # the stop token itself stays
     return mask

@@ -130,7 +130,7 @@ def _build_table() -> Dict[str, Deprecation]:
             "coati.replay_buffer.utils")
     names("coati.experience_buffer.utils", "coati_compat.legacy.experience", {
         "BufferItem": "one row of coati_relay.rollout.Rollout",
-        "split_experience_batch": "coati_relay.rollout.Rollout.select_prompts",
+        "split_experience_batch": "rows of the tensors of a coati_relay.rollout.Rollout",
         "make_experience_batch": "coati_relay.rollout.Rollout.concat",
         "zero_pad_sequences": "torch.nn.utils.rnn.pad_sequence",
     })

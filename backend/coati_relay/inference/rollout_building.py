@@ -8,7 +8,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 import torch
 
 from coati_relay.inference.base import SamplingConfig
-from coati_relay.rollout import Rollout
+from coati_relay.rollout import Rollout, response_mask
 
 
 def check_sampling(sampling: SamplingConfig) -> SamplingConfig:
@@ -99,20 +99,6 @@ def pad_prompts(prompts: List[List[int]], pad_token_id: int) -> Tuple[torch.Tens
     return ids, mask
 
 
-def response_mask(response_ids: torch.Tensor, lengths: torch.Tensor, stop_ids: List[int]) -> torch.Tensor:
-    """BoolTensor [N, R]: True below ``lengths`` and up to and including the first stop token.
-
-    response_ids: LongTensor [N, R]; lengths: LongTensor [N], tokens generated per row.
-    """
-    n, r = response_ids.shape
-    valid = torch.arange(r, device=response_ids.device).expand(n, r) < lengths.unsqueeze(1)
-    if not stop_ids:
-        return valid
-    is_stop = torch.isin(response_ids, torch.tensor(stop_ids, device=response_ids.device)) & valid
-    after_stop = (is_stop.long().cumsum(dim=1) - is_stop.long()) > 0
-    return valid & ~after_stop
-
-
 def build_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, response_ids: torch.Tensor,
                   logprobs: torch.Tensor, lengths: torch.Tensor, stop_ids: List[int], pad_token_id: int,
                   weight_version: int, info: Dict[str, list]) -> Rollout:
@@ -122,7 +108,7 @@ def build_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, r
     prompt i); logprobs: FloatTensor [B*n, R']; lengths: LongTensor [B*n], tokens generated per row.
     The response width is cut to the longest masked response; padding holds ``pad_token_id`` and log-prob 0.
     """
-    mask = response_mask(response_ids, lengths, stop_ids)
+    mask = response_mask(response_ids, stop_ids, lengths)
     width = max(int(mask.sum(dim=1).max()), 1)
     mask = mask[:, :width]
     return Rollout(

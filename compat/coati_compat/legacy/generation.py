@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from coati_compat.deprecations import deprecated_api
+from coati_relay.rollout import response_mask
 
 logger = logging.getLogger(__name__)
 
@@ -114,8 +115,4 @@ def generate(model: nn.Module, input_ids: torch.Tensor, max_length: int, num_bea
 def action_mask_after_prompt(sequences: torch.Tensor, input_len: int, eos_token_id: Optional[int]) -> torch.Tensor:
     """BoolTensor [B, S - input_len]: True on generated tokens up to and including the first EOS (all True
     without an EOS id). sequences: [B,S]."""
-    generated = sequences[:, input_len:]
-    if eos_token_id is None:
-        return torch.ones_like(generated, dtype=torch.bool)
-    is_eos = (generated == eos_token_id).long()
-    return (is_eos.cumsum(dim=1) - is_eos) == 0
+    return response_mask(sequences[:, input_len:], [] if eos_token_id is None else [eos_token_id])

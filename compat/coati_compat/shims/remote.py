@@ -20,7 +20,7 @@ import logging
 import os
 import sys
 import warnings
-from typing import Any, Callable, ClassVar, Dict, Optional, Tuple
+from typing import Any, ClassVar, Dict, Tuple
 
 from coati_compat.deprecations import warn_deprecated
 
@@ -185,22 +185,17 @@ def legacy_actor_class(impl: type, concurrency_groups: Dict[str, int]) -> Any:
     return actor_cls
 
 
-def wait_refs(refs: list, timeout_s: float, what: str,
-              alive: Optional[Callable[[], bool]] = None, poll_s: float = 1.0) -> list:
-    """``ray.get(refs)`` within ``timeout_s``, checking ``alive()`` between polls; clear errors on either failure."""
-    import time
-
+def wait_refs(refs: list, timeout_s: float, what: str) -> list:
+    """``ray.get(refs)`` within ``timeout_s``. A call whose actor died raises Ray's error at once; a timeout raises
+    TimeoutError naming ``what`` and how many calls were still pending."""
     if not refs:
         return []
     import ray
+    from ray.exceptions import GetTimeoutError
 
-    deadline = time.monotonic() + timeout_s
-    pending = list(refs)
-    while pending:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"{what}: {len(pending)} of {len(refs)} calls still pending after {timeout_s:.0f}s")
-        _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(poll_s, left))
-        if pending and alive is not None and not alive():
-            raise RuntimeError(f"{what}: the actor that should answer has died")
-    return ray.get(list(refs), timeout=max(1.0, deadline - time.monotonic()))
+    try:
+        return ray.get(list(refs), timeout=timeout_s)
+    except GetTimeoutError:
+        _, pending = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        raise TimeoutError(f"{what}: {len(pending)} of {len(refs)} calls still pending after "
+                           f"{timeout_s:.0f}s") from None
