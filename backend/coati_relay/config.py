@@ -112,6 +112,11 @@ class RunConfig:
     def optimizer_steps_per_round(self) -> int:
         return self.prompts_per_round // (self.train_batch_size * self.num_consumers)
 
+    def version_needed(self, task: int) -> int:
+        """The oldest weight version a producer may run ``task`` with: task t belongs to round
+        ``t // tasks_per_round``, which trains on rollouts at most ``n_behind`` versions old."""
+        return task // self.tasks_per_round - self.n_behind
+
 
 def _positive_int(errors: List[str], name: str, value: Any, fix: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, int):

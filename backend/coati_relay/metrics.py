@@ -216,3 +216,17 @@ def run_summary(history: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
         "weight_sync_s_per_step": _mean(series("weight_sync_s")),
         "wall_s": times[-1] - times[0] if times else None,
     }
+
+
+class ReportLog:
+    """Consumer metrics records in order of posting; the driver polls for the ones it has not seen."""
+
+    def __init__(self) -> None:
+        self._records: List[Dict[str, Any]] = []
+
+    def post(self, record: Dict[str, Any]) -> None:
+        self._records.append(record)
+
+    def since(self, index: int = 0) -> List[Dict[str, Any]]:
+        """Records ``index`` onwards (``index`` = how many the caller has read)."""
+        return self._records[index:]

@@ -164,7 +164,7 @@ class ProducerWorker:
             if task < 0:
                 time.sleep(0.2)
                 continue
-            self._ensure_version(task // cfg.tasks_per_round - cfg.n_behind)
+            self._ensure_version(cfg.version_needed(task))
             self._run_task(task)
         self.backend_close()
         return dict(self.stats)

@@ -8,8 +8,10 @@ tasks go back on the board.
 Staleness bound ``k``: a consumer at weight version ``v`` accepts entries made by versions ``>= v - k``; older ones
 are dropped and counted. Conservation holds at every moment: ``produced == consumed + dropped + in_flight``.
 
-The queue also hands out *tasks* (global indices of prompt micro-batches) so that any producer can run any task:
-when a producer dies, the tasks it had claimed go back on the board for the others.
+The queue actor hosts three small components: this hand-off (`RolloutQueueState`), the `TaskBoard` producers claim
+their tasks from (`coati_relay.task_board`), and the `ReportLog` of consumer metrics the driver reads
+(`coati_relay.metrics`). They share an actor so that a producer's death drops its entries and requeues their tasks
+at once.
 """
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ import asyncio
 import collections
 import time
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, List, Optional, Set
+from typing import Any, Deque, Dict, List, Optional
 
+from coati_relay.metrics import ReportLog
+from coati_relay.task_board import TaskBoard
 from coati_relay.waiting import wait_until
 
 
@@ -41,10 +45,9 @@ class RolloutQueueState:
     """The queue's bookkeeping, without Ray or asyncio (the actor serialises calls).
 
     maxsize: entries held at most (<= 0: unbounded). staleness: k above (None: no bound).
-    total_tasks: tasks on the board (0: no task board).
     """
 
-    def __init__(self, maxsize: int = 0, staleness: Optional[int] = 0, total_tasks: int = 0, first_task: int = 0):
+    def __init__(self, maxsize: int = 0, staleness: Optional[int] = 0):
         if staleness is not None and staleness < 0:
             raise ValueError(f"staleness must be >= 0 or None, got {staleness}")
         self.maxsize = maxsize
@@ -54,11 +57,6 @@ class RolloutQueueState:
         self.produced_size = self.consumed_size = self.dropped_size = 0
         self.closed = False
         self.close_reason = ""
-        self.total_tasks = total_tasks
-        self._next_task = first_task
-        self._requeued: Deque[int] = collections.deque()
-        self._claimed: Dict[int, str] = {}
-        self.dead_producers: Set[str] = set()
 
     # -- entries ---------------------------------------------------------------------------------------------
     def full(self) -> bool:
@@ -72,8 +70,6 @@ class RolloutQueueState:
         self.entries.append(entry)
         self.produced += 1
         self.produced_size += entry.size
-        if entry.task is not None:
-            self._claimed.pop(entry.task, None)
 
     def drop_stale(self, consumer_version: Optional[int]) -> int:
         """Drops entries older than ``consumer_version - staleness``; returns how many."""
@@ -100,67 +96,39 @@ class RolloutQueueState:
         self.consumed_size += sum(e.size for e in out)
         return out
 
-    # -- tasks -----------------------------------------------------------------------------------------------
-    def claim_task(self, producer: str, requeued_only: bool = False) -> Optional[int]:
-        """Next task index for ``producer``; -1 when none is free now but others' tasks are still in flight
-        (one may come back if its producer dies); None when every task is done.
-
-        requeued_only: take only a task that a dead producer left behind (-1 if there is none).
-        """
-        if producer in self.dead_producers:
-            raise QueueClosed(f"{producer} was declared dead; it may not claim tasks")
-        if self._requeued:
-            task = self._requeued.popleft()
-        elif not requeued_only and self._next_task < self.total_tasks:
-            task = self._next_task
-            self._next_task += 1
-        else:
-            return -1 if (self._claimed or requeued_only) and not self.closed else None
-        self._claimed[task] = producer
-        return task
-
-    def producer_died(self, producer: str) -> List[int]:
-        """Drops the entries of ``producer`` (their objects died with it) and puts its tasks back on the board.
-
-        Returns the requeued task indices.
-        """
-        self.dead_producers.add(producer)
-        lost = sorted(t for t, p in self._claimed.items() if p == producer)
-        for t in lost:
-            del self._claimed[t]
+    def drop_producer(self, producer: str) -> List[int]:
+        """Drops the entries of ``producer`` (their objects died with it); returns their task indices."""
         kept: Deque[QueueEntry] = collections.deque()
+        tasks = []
         for e in self.entries:
             if e.producer == producer:
                 self.dropped += 1
                 self.dropped_size += e.size
                 if e.task is not None:
-                    lost.append(e.task)
+                    tasks.append(e.task)
             else:
                 kept.append(e)
         self.entries = kept
-        lost.sort()
-        self._requeued.extend(lost)
-        return lost
+        return tasks
 
     def counters(self) -> Dict[str, Any]:
         return {
             "produced": self.produced, "consumed": self.consumed, "dropped": self.dropped,
             "in_flight": len(self.entries),
             "produced_samples": self.produced_size, "consumed_samples": self.consumed_size,
-            "dropped_samples": self.dropped_size,
-            "tasks_claimed": len(self._claimed), "tasks_requeued": len(self._requeued),
-            "next_task": self._next_task, "dead_producers": sorted(self.dead_producers),
-            "closed": self.closed,
+            "dropped_samples": self.dropped_size, "closed": self.closed,
         }
 
 
 class RolloutQueueActor:
-    """Async Ray actor around `RolloutQueueState`: blocking put/get with timeouts (see `make_rollout_queue`)."""
+    """Async Ray actor: the hand-off with blocking put/get and timeouts, the task board, the report log (see
+    `make_rollout_queue`)."""
 
     def __init__(self, maxsize: int = 0, staleness: Optional[int] = 0, total_tasks: int = 0, first_task: int = 0):
-        self.state = RolloutQueueState(maxsize, staleness, total_tasks, first_task)
+        self.state = RolloutQueueState(maxsize, staleness)
+        self.board = TaskBoard(total_tasks, first_task)
+        self.log = ReportLog()
         self._changed = asyncio.Condition()
-        self._reports: List[Dict[str, Any]] = []
 
     async def _wait(self, predicate, timeout_s: Optional[float], what: str) -> None:
         def closed() -> None:
@@ -180,6 +148,7 @@ class RolloutQueueActor:
         """Blocks while the queue is full (backpressure); TimeoutError after ``timeout_s``."""
         await self._wait(lambda: not self.state.full(), timeout_s, f"put by {producer or 'producer'}")
         self.state.put(QueueEntry(payload, version, size, producer, task, meta or {}))
+        self.board.finished(task)
         await self._notify()
         return self.state.counters()
 
@@ -203,25 +172,29 @@ class RolloutQueueActor:
         return len(self.state.entries)
 
     def claim_task(self, producer: str, requeued_only: bool = False) -> Optional[int]:
-        return self.state.claim_task(producer, requeued_only)
+        try:
+            return self.board.claim(producer, requeued_only)
+        except RuntimeError as exc:  # a producer declared dead
+            raise QueueClosed(str(exc)) from None
 
     def report(self, record: Dict[str, Any]) -> None:
-        """Consumer rank 0 posts one metrics record per step here; the driver reads them with `reports`."""
-        self._reports.append(record)
+        """Consumer rank 0 posts one metrics record per step; the driver reads them with `reports`."""
+        self.log.post(record)
 
     def reports(self, since: int = 0) -> List[Dict[str, Any]]:
-        return self._reports[since:]
+        return self.log.since(since)
 
     async def producer_died(self, producer: str) -> List[int]:
-        lost = self.state.producer_died(producer)
+        """Drops ``producer``'s entries and puts its tasks back on the board; returns the requeued tasks."""
+        lost = self.board.producer_died(producer, self.state.drop_producer(producer))
         await self._notify()
         return lost
 
     def counters(self) -> Dict[str, Any]:
-        return self.state.counters()
+        return {**self.state.counters(), **self.board.counters()}
 
     async def close(self, reason: str = "") -> None:
-        self.state.closed = True
+        self.state.closed = self.board.closed = True
         self.state.close_reason = reason
         await self._notify()
 

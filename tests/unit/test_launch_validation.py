@@ -188,3 +188,11 @@ def test_algorithm_defaults_come_from_the_estimator_spec(files):
         0.0, "token_level", 0.28, True)
     grpo = build_run_config(**good(files)).algo
     assert (grpo.beta, grpo.loss_variation, grpo.clip_eps_high, grpo.critic_lr) == (0.01, "sample_level", 0.2, 1e-3)
+
+
+def test_version_a_task_needs(files):
+    cfg = build_run_config(**good(files))  # 2 producers x 4 prompts in micro-batches of 2: 4 tasks per round
+    assert cfg.tasks_per_round == 4
+    assert [cfg.version_needed(t) for t in (0, 3, 4, 9)] == [0, 0, 1, 2]
+    stale = build_run_config(**good(files, n_behind=1))
+    assert [stale.version_needed(t) for t in (0, 4, 9)] == [-1, 0, 1]

@@ -5,7 +5,9 @@ import time
 
 import pytest
 
+from coati_relay.metrics import ReportLog
 from coati_relay.rollout_queue import QueueClosed, QueueEntry, RolloutQueueState, make_rollout_queue
+from coati_relay.task_board import TaskBoard
 
 
 def _conserved(c):
@@ -45,24 +47,34 @@ def test_state_negative_staleness_rejected():
 
 
 def test_task_board_hands_out_each_task_once_and_requeues_on_death():
-    q = RolloutQueueState(total_tasks=4)
-    assert [q.claim_task("p0"), q.claim_task("p1"), q.claim_task("p0")] == [0, 1, 2]
+    board, q = TaskBoard(total_tasks=4), RolloutQueueState()
+    assert [board.claim("p0"), board.claim("p1"), board.claim("p0")] == [0, 1, 2]
     q.put(QueueEntry(payload="x", version=0, producer="p0", task=0))
+    board.finished(0)
     # p0 dies: its queued entry (task 0, whose object died with it) and its claimed task 2 come back.
-    assert q.producer_died("p0") == [0, 2]
+    assert board.producer_died("p0", q.drop_producer("p0")) == [0, 2]
     c = q.counters()
     assert c["dropped"] == 1 and _conserved(c)
-    assert [q.claim_task("p1"), q.claim_task("p1"), q.claim_task("p1")] == [0, 2, 3]
-    assert q.claim_task("p1") == -1  # tasks still in flight: ask again later
-    with pytest.raises(QueueClosed):
-        q.claim_task("p0")
+    assert board.counters() == {"tasks_claimed": 1, "tasks_requeued": 2, "next_task": 3, "dead_producers": ["p0"]}
+    assert [board.claim("p1"), board.claim("p1"), board.claim("p1")] == [0, 2, 3]
+    assert board.claim("p1") == -1  # tasks still in flight: ask again later
+    with pytest.raises(RuntimeError, match="declared dead"):
+        board.claim("p0")
 
 
 def test_task_board_empty_returns_none():
-    q = RolloutQueueState(total_tasks=1)
-    assert q.claim_task("p") == 0
-    q.put(QueueEntry(payload=0, version=0, producer="p", task=0))
-    assert q.claim_task("p") is None
+    board = TaskBoard(total_tasks=1)
+    assert board.claim("p") == 0
+    board.finished(0)
+    assert board.claim("p") is None
+    assert TaskBoard(total_tasks=3, first_task=2).claim("p") == 2  # a resumed run starts at its first task
+
+
+def test_report_log_returns_what_the_reader_has_not_seen():
+    log = ReportLog()
+    log.post({"step": 1})
+    log.post({"step": 2})
+    assert log.since(0) == [{"step": 1}, {"step": 2}] and log.since(1) == [{"step": 2}] and log.since(2) == []
 
 
 @pytest.mark.slow
