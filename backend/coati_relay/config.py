@@ -12,17 +12,29 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from coati_relay import algorithms
-from coati_relay.config_algorithm import AlgorithmConfig, build_algorithm, closest, warn_ignored
+from coati_relay.config_algorithm import AlgorithmConfig, build_algorithm
+from coati_relay.config_keys import check_section_keys, closest, warn_ignored
 from coati_relay.inference.base import SamplingConfig
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("vllm", "transformers")
-# generate_config keys ColossalChat scripts pass that mean nothing here (HF/vLLM-specific switches).
-_IGNORED_GENERATE_KEYS = {"do_sample", "early_stopping", "max_length", "include_stop_str_in_output",
-                          "stop_strings", "stop", "use_cache", "num_beams", "logprobs"}
-_GENERATE_KEYS = {"max_new_tokens", "max_tokens", "temperature", "top_k", "top_p", "seed", "ignore_eos",
-                  "stop_token_ids"} | _IGNORED_GENERATE_KEYS
+_GENERATE_KEYS = ("max_new_tokens", "max_tokens", "temperature", "top_k", "top_p", "seed", "ignore_eos",
+                  "stop_token_ids")
+# Keys of the other sections that the run reads.
+_SECTION_KEYS = {"train_dataset_config": ("path", "prompts", "max_length", "system_prompt"),
+                 "train_model_config": ("path", "checkpoint_path", "lora"), "tokenizer_config": ("path",),
+                 "critic_model_config": ("path",), "reward_model_config": ("path",)}
+# Keys ColossalChat scripts pass that mean nothing here, and why.
+_IGNORED_SECTION_KEYS = {
+    "generate_config": dict.fromkeys(
+        ("do_sample", "early_stopping", "max_length", "include_stop_str_in_output", "stop_strings", "stop",
+         "use_cache", "num_beams", "logprobs"),
+        "sampling always samples, one beam, until max_new_tokens or a stop_token_ids / EOS token; log-probs are "
+        "always returned"),
+    "train_model_config": dict.fromkeys(("use_flash_attention_2", "use_cache", "torch_dtype"),
+                                        "consumers train in the plugin's precision with the default attention"),
+}
 # Keywords of ColossalChat's launch_distributed that have no effect here, and why.
 IGNORED_LAUNCH_KEYS = {
     "master_addr": "consumers meet on their rank 0's node IP, chosen at launch",
@@ -63,7 +75,6 @@ class RunConfig:
     system_prompt: Optional[str]
     sampling: SamplingConfig
     inference_model_kwargs: Dict[str, Any]
-    train_model_kwargs: Dict[str, Any]
     lora: Optional[Dict[str, Any]]
     plugin: str
     plugin_options: Dict[str, Any]
@@ -138,11 +149,7 @@ def _dict(errors: List[str], name: str, value: Any) -> Dict[str, Any]:
 
 
 def _sampling(errors: List[str], gen: Dict[str, Any], grpo: Dict[str, Any]) -> SamplingConfig:
-    unknown = sorted(set(gen) - _GENERATE_KEYS)
-    if unknown:
-        errors.append(f"generate_config has unknown keys {unknown}; accepted: {sorted(_GENERATE_KEYS)}")
-    for k in sorted(set(gen) & _IGNORED_GENERATE_KEYS):
-        log.debug("generate_config[%r] has no effect here and is ignored", k)
+    check_section_keys(errors, "generate_config", gen, _GENERATE_KEYS, _IGNORED_SECTION_KEYS["generate_config"])
     max_new = gen.get("max_new_tokens") or gen.get("max_tokens") or grpo.get("max_new_tokens") or 16
     if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new <= 0:
         errors.append(f"generate_config max_new_tokens/max_tokens must be a positive int, got {max_new!r}")
@@ -240,6 +247,11 @@ def _check_launch_keys(errors: List[str], extra: Dict[str, Any]) -> None:
             errors.append(f"launch_distributed has no keyword {key!r}{closest(key, valid)}")
 
 
+def _check_sections(errors: List[str], sections: Dict[str, Dict[str, Any]]) -> None:
+    for name, given in sections.items():
+        check_section_keys(errors, name, given, _SECTION_KEYS[name], _IGNORED_SECTION_KEYS.get(name, {}))
+
+
 def build_run_config(
     num_producers: int, num_proc_per_producer: int, num_consumer_procs: int, num_episodes: int,
     inference_batch_size: int, inference_microbatch_size: int, train_batch_size: int, train_minibatch_size: int,
@@ -305,6 +317,10 @@ def build_run_config(
     grpo = _dict(errors, "grpo_config", grpo_config)
     plc = _dict(errors, "plugin_config", plugin_config)
     tokc = _dict(errors, "tokenizer_config", tokenizer_config)
+    rm_cfg = _dict(errors, "reward_model_config", reward_model_config)
+    critic_cfg = _dict(errors, "critic_model_config", critic_model_config)
+    _check_sections(errors, {"train_dataset_config": tdc, "train_model_config": tmc, "tokenizer_config": tokc,
+                             "critic_model_config": critic_cfg, "reward_model_config": rm_cfg})
     if ppp > 1:
         import torch
 
@@ -334,9 +350,7 @@ def build_run_config(
     algo = build_algorithm(errors, core_algo, grpo, ng)
     needs_critic = algo is not None and algorithms.spec(core_algo).needs_critic
 
-    rm_cfg = _dict(errors, "reward_model_config", reward_model_config)
     rm_path = _model_path(errors, "reward_model_config", rm_cfg) if rm_cfg else None
-    critic_cfg = _dict(errors, "critic_model_config", critic_model_config)
     critic_path = _model_path(errors, "critic_model_config", critic_cfg) if critic_cfg else None
     if needs_critic and critic_path is None:
         critic_path = train_path  # value head on a copy of the policy's trunk
@@ -388,7 +402,6 @@ def build_run_config(
         system_prompt=system_prompt, sampling=sampling,
         inference_model_kwargs={**{k: v for k, v in imc.items() if k not in ("path", "checkpoint_path")},
                                 **({"tensor_parallel_size": ppp} if ppp > 1 else {})},
-        train_model_kwargs={k: v for k, v in tmc.items() if k not in ("path", "checkpoint_path", "lora")},
         train_path=train_path, lora=tmc.get("lora"), plugin=plugin_name, plugin_options=plc,
         allow_cpu_fallback=allow_fallback, algo=algo, reward=reward, reward_model_path=rm_path,
         critic_model_path=critic_path, n_behind=n_behind, save_interval=save_interval, run_dir=rd,

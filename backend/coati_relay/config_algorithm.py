@@ -8,15 +8,12 @@ warning each; any other key is an error that names the closest valid one.
 """
 from __future__ import annotations
 
-import difflib
-import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 from coati_relay import algorithms
-
-log = logging.getLogger(__name__)
+from coati_relay.config_keys import check_section_keys, closest
 
 
 def _number(v: Any) -> bool:
@@ -115,23 +112,6 @@ class AlgorithmConfig:
 
 
 
-_WARNED: set = set()
-
-
-def closest(name: str, valid: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the valid name closest to ``name``, or an empty string."""
-    match = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)
-    return f" (did you mean {match[0]!r}?)" if match else ""
-
-
-def warn_ignored(section: str, key: str, reason: str) -> None:
-    """One warning per process for a ColossalChat key that has no effect here."""
-    if (section, key) not in _WARNED:
-        _WARNED.add((section, key))
-        log.warning("%s[%r] is accepted for ColossalChat compatibility but has no effect here: %s", section, key,
-                    reason)
-
-
 def core_algos() -> List[str]:
     """The accepted ``core_algo`` values: the registered advantage estimators, upper-case."""
     return [name.upper() for name in algorithms.names("advantage")]
@@ -145,12 +125,7 @@ def build_algorithm(errors: List[str], core_algo: Any, grpo: Mapping[str, Any],
         errors.append(f"core_algo must be one of {core_algos()}, got {core_algo!r}{hint}")
         return None
     spec = algorithms.spec(core_algo)
-    for key in sorted(set(grpo) - set(ALGORITHM_KEYS) - set(OTHER_KEYS)):
-        if key in IGNORED_KEYS:
-            warn_ignored("grpo_config", key, IGNORED_KEYS[key])
-        else:
-            valid = [*ALGORITHM_KEYS, *OTHER_KEYS, *IGNORED_KEYS]
-            errors.append(f"grpo_config has no key {key!r}{closest(key, valid)}; valid keys: {sorted(valid)}")
+    check_section_keys(errors, "grpo_config", grpo, [*ALGORITHM_KEYS, *OTHER_KEYS], IGNORED_KEYS)
     if grpo.get("algo", core_algo) != core_algo:
         errors.append(f"grpo_config['algo'] = {grpo['algo']!r} disagrees with core_algo = {core_algo!r}; make them "
                       f"equal (or drop grpo_config['algo'])")

@@ -101,6 +101,10 @@ BAD = [
     ("misspelt-launch-keyword", lambda f: {"num_generation": 4}, ["no keyword 'num_generation'",
                                                                   "did you mean 'num_generations'"]),
     ("unknown-launch-keyword", lambda f: {"wandb_project": "x"}, ["no keyword 'wandb_project'"]),
+    ("misspelt-dataset-key", lambda f: {"train_dataset_config": {"path": f["data"], "max_lenght": 32}},
+     ["train_dataset_config has no key 'max_lenght'", "did you mean 'max_length'"]),
+    ("unknown-train-model-key", lambda f: {"train_model_config": {"path": f["model"], "dtype": "bf16"}},
+     ["train_model_config has no key 'dtype'"]),
     ("bad-gamma", lambda f: {"core_algo": "PPO", "num_generations": 1, "train_batch_size": 2,
                              "train_minibatch_size": 2, "grpo_config": {"gamma": 1.5}}, ["gamma", "[0, 1]"]),
     ("unknown-reward", lambda f: {"grpo_config": {"reward_fn_type": "vibes"}}, ["vibes"]),
@@ -168,17 +172,20 @@ def test_producer_processes_reach_vllm_as_tensor_parallel_size(files, monkeypatc
 
 
 def test_colossalchat_keys_without_effect_warn_once(files, caplog):
-    import coati_relay.config_algorithm as ca
+    import coati_relay.config_keys as ck
 
-    ca._WARNED.clear()
+    ck._WARNED.clear()
     over = dict(grpo_config={"lr": 1e-3, "dynamic_batching": True, "skip_threshold": 20.0},
-                eval_interval=10, master_port=29506)
-    with caplog.at_level("WARNING", logger="coati_relay.config_algorithm"):
+                eval_interval=10, master_port=29506,
+                generate_config={"max_new_tokens": 8, "do_sample": True},
+                train_model_config={"path": files["model"], "use_flash_attention_2": True})
+    with caplog.at_level("WARNING", logger="coati_relay.config_keys"):
         build_run_config(**good(files, **over))
         build_run_config(**good(files, **over))
     lines = [r.getMessage() for r in caplog.records]
     for key in ("grpo_config['dynamic_batching']", "grpo_config['skip_threshold']",
-                "launch_distributed['eval_interval']", "launch_distributed['master_port']"):
+                "launch_distributed['eval_interval']", "launch_distributed['master_port']",
+                "generate_config['do_sample']", "train_model_config['use_flash_attention_2']"):
         assert sum(key in line and "no effect here" in line for line in lines) == 1, (key, lines)
 
 
