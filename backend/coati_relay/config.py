@@ -13,7 +13,14 @@ from typing import Any, Callable, Dict, List, Optional, Union
 
 from coati_relay import algorithms
 from coati_relay.config_algorithm import AlgorithmConfig, build_algorithm
-from coati_relay.config_keys import check_section_keys, closest, warn_ignored
+from coati_relay.config_keys import (
+    IGNORED_LAUNCH_KEYS,
+    IGNORED_SECTION_KEYS,
+    SECTION_KEYS,
+    check_section_keys,
+    closest,
+    warn_ignored,
+)
 from coati_relay.inference.base import SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -21,32 +28,6 @@ log = logging.getLogger(__name__)
 BACKENDS = ("vllm", "transformers")
 _GENERATE_KEYS = ("max_new_tokens", "max_tokens", "temperature", "top_k", "top_p", "seed", "ignore_eos",
                   "stop_token_ids")
-# Keys of the other sections that the run reads.
-_SECTION_KEYS = {"train_dataset_config": ("path", "prompts", "max_length", "system_prompt"),
-                 "train_model_config": ("path", "checkpoint_path", "lora"), "tokenizer_config": ("path",),
-                 "critic_model_config": ("path",), "reward_model_config": ("path",)}
-# Keys ColossalChat scripts pass that mean nothing here, and why.
-_IGNORED_SECTION_KEYS = {
-    "generate_config": dict.fromkeys(
-        ("do_sample", "early_stopping", "max_length", "include_stop_str_in_output", "stop_strings", "stop",
-         "use_cache", "num_beams", "logprobs"),
-        "sampling always samples, one beam, until max_new_tokens or a stop_token_ids / EOS token; log-probs are "
-        "always returned"),
-    "train_model_config": dict.fromkeys(("use_flash_attention_2", "use_cache", "torch_dtype"),
-                                        "consumers train in the plugin's precision with the default attention"),
-}
-# Keywords of ColossalChat's launch_distributed that have no effect here, and why.
-IGNORED_LAUNCH_KEYS = {
-    "master_addr": "consumers meet on their rank 0's node IP, chosen at launch",
-    "master_port": "consumers meet on a free port chosen at launch",
-    "eval_dataset_config": "evaluation is not run", "eval_interval": "evaluation is not run",
-    "eval_save_dir": "evaluation is not run", "eval_generation_config": "evaluation is not run",
-    "log_rollout_interval": "rollouts are not logged", "rollout_save_dir": "rollouts are not logged",
-    "enable_profiling": "no profiler is attached",
-    "data_actor_buffer_size_limit": "the rollout queue's bound is n_behind",
-}
-
-
 class ConfigError(ValueError):
     """A launch parameter is wrong; the message names it and says how to fix it."""
 
@@ -149,7 +130,7 @@ def _dict(errors: List[str], name: str, value: Any) -> Dict[str, Any]:
 
 
 def _sampling(errors: List[str], gen: Dict[str, Any], grpo: Dict[str, Any]) -> SamplingConfig:
-    check_section_keys(errors, "generate_config", gen, _GENERATE_KEYS, _IGNORED_SECTION_KEYS["generate_config"])
+    check_section_keys(errors, "generate_config", gen, _GENERATE_KEYS, IGNORED_SECTION_KEYS["generate_config"])
     max_new = gen.get("max_new_tokens") or gen.get("max_tokens") or grpo.get("max_new_tokens") or 16
     if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new <= 0:
         errors.append(f"generate_config max_new_tokens/max_tokens must be a positive int, got {max_new!r}")
@@ -249,7 +230,7 @@ def _check_launch_keys(errors: List[str], extra: Dict[str, Any]) -> None:
 
 def _check_sections(errors: List[str], sections: Dict[str, Dict[str, Any]]) -> None:
     for name, given in sections.items():
-        check_section_keys(errors, name, given, _SECTION_KEYS[name], _IGNORED_SECTION_KEYS.get(name, {}))
+        check_section_keys(errors, name, given, SECTION_KEYS[name], IGNORED_SECTION_KEYS.get(name, {}))
 
 
 def build_run_config(

@@ -1,5 +1,6 @@
-"""Checks of the keys of a configuration section: a ColossalChat key without effect here warns once, an unknown key
-is an error that names the closest valid one."""
+"""The keys of the configuration sections and their checks: a key the run reads passes, a ColossalChat key without
+effect here warns once (with the reason), an unknown key is an error that names the closest valid one. The keys of
+``grpo_config`` are in `coati_relay.config_algorithm`."""
 from __future__ import annotations
 
 import difflib
@@ -7,6 +8,31 @@ import logging
 from typing import Any, Iterable, List, Mapping
 
 log = logging.getLogger(__name__)
+
+# Keys of the other sections that the run reads.
+SECTION_KEYS = {"train_dataset_config": ("path", "prompts", "max_length", "system_prompt"),
+                "train_model_config": ("path", "checkpoint_path", "lora"), "tokenizer_config": ("path",),
+                "critic_model_config": ("path",), "reward_model_config": ("path",)}
+# Keys ColossalChat scripts pass that mean nothing here, and why.
+IGNORED_SECTION_KEYS = {
+    "generate_config": dict.fromkeys(
+        ("do_sample", "early_stopping", "max_length", "include_stop_str_in_output", "stop_strings", "stop",
+         "use_cache", "num_beams", "logprobs"),
+        "sampling always samples, one beam, until max_new_tokens or a stop_token_ids / EOS token; log-probs are "
+        "always returned"),
+    "train_model_config": dict.fromkeys(("use_flash_attention_2", "use_cache", "torch_dtype"),
+                                        "consumers train in the plugin's precision with the default attention"),
+}
+# Keywords of ColossalChat's launch_distributed that have no effect here, and why.
+IGNORED_LAUNCH_KEYS = {
+    "master_addr": "consumers meet on their rank 0's node IP, chosen at launch",
+    "master_port": "consumers meet on a free port chosen at launch",
+    "eval_dataset_config": "evaluation is not run", "eval_interval": "evaluation is not run",
+    "eval_save_dir": "evaluation is not run", "eval_generation_config": "evaluation is not run",
+    "log_rollout_interval": "rollouts are not logged", "rollout_save_dir": "rollouts are not logged",
+    "enable_profiling": "no profiler is attached",
+    "data_actor_buffer_size_limit": "the rollout queue's bound is n_behind",
+}
 
 _WARNED: set = set()
 
