@@ -1,4 +1,5 @@
-"""Run configuration: ColossalChat's `launch_distributed` keywords, checked and turned into one `RunConfig`.
+"""Run configuration: ColossalChat's `launch_distributed` keywords, checked and turned into one `RunConfig`
+(`coati_relay.run_config`).
 
 Everything is validated here, in the driver, before any actor starts. Errors name the parameter and the fix.
 """
@@ -7,12 +8,12 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional
 
 from coati_relay import algorithms
-from coati_relay.config_algorithm import AlgorithmConfig, build_algorithm
+from coati_relay.config_algorithm import build_algorithm
 from coati_relay.config_keys import (
     IGNORED_LAUNCH_KEYS,
     IGNORED_SECTION_KEYS,
@@ -22,6 +23,7 @@ from coati_relay.config_keys import (
     warn_ignored,
 )
 from coati_relay.inference.base import SamplingConfig
+from coati_relay.run_config import Batches, Checkpointing, Data, Models, Plugin, Roles, RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -30,84 +32,6 @@ _GENERATE_KEYS = ("max_new_tokens", "max_tokens", "temperature", "top_k", "top_p
                   "stop_token_ids")
 class ConfigError(ValueError):
     """A launch parameter is wrong; the message names it and says how to fix it."""
-
-
-@dataclass
-class RunConfig:
-    """Everything a run needs, checked. Sizes in prompts unless the name says samples."""
-
-    num_producers: int
-    num_proc_per_producer: int
-    num_consumers: int
-    num_episodes: int
-    inference_batch_size: int
-    inference_microbatch_size: int
-    train_batch_size: int
-    train_minibatch_size: int
-    train_microbatch_size: int
-    num_generations: int
-    core_algo: str
-    inference_backend: str
-    model_path: str
-    train_path: str
-    tokenizer_path: str
-    dataset: Union[str, List[Any]]
-    max_prompt_tokens: int
-    system_prompt: Optional[str]
-    sampling: SamplingConfig
-    inference_model_kwargs: Dict[str, Any]
-    lora: Optional[Dict[str, Any]]
-    plugin: str
-    plugin_options: Dict[str, Any]
-    allow_cpu_fallback: bool
-    algo: AlgorithmConfig
-    reward: Union[str, Callable]
-    reward_model_path: Optional[str]
-    critic_model_path: Optional[str]
-    n_behind: int
-    save_interval: int
-    run_dir: Path
-    save_dir: Path
-    resume_from: Optional[str]
-    on_producer_failure: str
-    timeout_s: float
-    weight_sync: str = "object_store"
-    num_prompts: int = 0
-    project_name: str = "coati-relay"
-    seed: int = 42
-    progress: bool = True
-
-    # -- derived sizes ---------------------------------------------------------------------------------------
-    @property
-    def prompts_per_round(self) -> int:
-        """Prompts consumed between two weight versions (all producers together)."""
-        return self.inference_batch_size * self.num_producers
-
-    @property
-    def tasks_per_round(self) -> int:
-        return self.prompts_per_round // self.inference_microbatch_size
-
-    @property
-    def rounds_per_episode(self) -> int:
-        return self.num_prompts // self.prompts_per_round
-
-    @property
-    def total_rounds(self) -> int:
-        return self.rounds_per_episode * self.num_episodes
-
-    @property
-    def entries_per_consumer(self) -> int:
-        """Queue entries (inference micro-batches) each consumer takes per round."""
-        return self.tasks_per_round // self.num_consumers
-
-    @property
-    def optimizer_steps_per_round(self) -> int:
-        return self.prompts_per_round // (self.train_batch_size * self.num_consumers)
-
-    def version_needed(self, task: int) -> int:
-        """The oldest weight version a producer may run ``task`` with: task t belongs to round
-        ``t // tasks_per_round``, which trains on rollouts at most ``n_behind`` versions old."""
-        return task // self.tasks_per_round - self.n_behind
 
 
 def _positive_int(errors: List[str], name: str, value: Any, fix: str = "") -> int:
@@ -376,18 +300,22 @@ def build_run_config(
     name = (project_name or "coati-relay").replace(" ", "_")
     rd = Path(run_dir) if run_dir else Path("runs") / name
     return RunConfig(
-        num_producers=np_, num_proc_per_producer=ppp, num_consumers=nc, num_episodes=ne, inference_batch_size=ibs,
-        inference_microbatch_size=imbs, train_batch_size=tbs, train_minibatch_size=tmbs,
-        train_microbatch_size=tmicro, num_generations=ng, core_algo=core_algo, inference_backend=inference_backend,
-        model_path=model_path, tokenizer_path=tokenizer_path, dataset=dataset, max_prompt_tokens=max_prompt_tokens,
-        system_prompt=system_prompt, sampling=sampling,
-        inference_model_kwargs={**{k: v for k, v in imc.items() if k not in ("path", "checkpoint_path")},
-                                **({"tensor_parallel_size": ppp} if ppp > 1 else {})},
-        train_path=train_path, lora=tmc.get("lora"), plugin=plugin_name, plugin_options=plc,
-        allow_cpu_fallback=allow_fallback, algo=algo, reward=reward, reward_model_path=rm_path,
-        critic_model_path=critic_path, n_behind=n_behind, save_interval=save_interval, run_dir=rd,
-        save_dir=Path(save_dir) if save_dir else rd, resume_from=resume_from or tmc.get("checkpoint_path"),
-        on_producer_failure=on_producer_failure, timeout_s=float(timeout_s), weight_sync=weight_sync,
-        num_prompts=num_prompts,
-        project_name=name, seed=seed, progress=progress,
+        roles=Roles(num_producers=np_, num_proc_per_producer=ppp, num_consumers=nc,
+                    inference_backend=inference_backend, weight_sync=weight_sync,
+                    on_producer_failure=on_producer_failure, n_behind=n_behind, timeout_s=float(timeout_s)),
+        batches=Batches(num_episodes=ne, inference_batch_size=ibs, inference_microbatch_size=imbs,
+                        train_batch_size=tbs, train_minibatch_size=tmbs, train_microbatch_size=tmicro,
+                        num_generations=ng),
+        models=Models(model_path=model_path, train_path=train_path, tokenizer_path=tokenizer_path,
+                      inference_model_kwargs={**{k: v for k, v in imc.items() if k not in ("path", "checkpoint_path")},
+                                              **({"tensor_parallel_size": ppp} if ppp > 1 else {})},
+                      lora=tmc.get("lora"), critic_model_path=critic_path, reward_model_path=rm_path),
+        data=Data(dataset=dataset, max_prompt_tokens=max_prompt_tokens, system_prompt=system_prompt,
+                  num_prompts=num_prompts),
+        sampling=sampling,
+        plugin=Plugin(name=plugin_name, options=plc, allow_cpu_fallback=allow_fallback),
+        checkpointing=Checkpointing(save_interval=save_interval, run_dir=rd,
+                                    save_dir=Path(save_dir) if save_dir else rd,
+                                    resume_from=resume_from or tmc.get("checkpoint_path")),
+        core_algo=core_algo, algo=algo, reward=reward, project_name=name, seed=seed, progress=progress,
     )

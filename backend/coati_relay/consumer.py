@@ -20,9 +20,9 @@ from typing import Any, Dict, List
 import torch
 
 from coati_relay import algorithms as algos
-from coati_relay.config import RunConfig
 from coati_relay.logprobs import response_logprobs
 from coati_relay.rollout import Rollout
+from coati_relay.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class ConsumerWorker:
 
     def __init__(self, rank: int, cfg: RunConfig, queue, weight_store):
         self.rank = rank
-        self.world_size = cfg.num_consumers
+        self.world_size = cfg.roles.num_consumers
         self.cfg = cfg
         self.queue = queue
         self.store = weight_store
@@ -58,12 +58,13 @@ class ConsumerWorker:
         t0 = time.perf_counter()
         torch.manual_seed(cfg.seed)
         init_process_group(self.rank, self.world_size, master_addr, master_port)
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.models.tokenizer_path)
         total_steps = cfg.total_rounds * cfg.optimizer_steps_per_round * a.ppo_epochs
-        common = dict(plugin=cfg.plugin, plugin_options=cfg.plugin_options, allow_cpu_fallback=cfg.allow_cpu_fallback,
+        common = dict(plugin=cfg.plugin.name, plugin_options=cfg.plugin.options,
+                      allow_cpu_fallback=cfg.plugin.allow_cpu_fallback,
                       max_grad_norm=a.max_grad_norm, scheduler=a.lr_scheduler, total_steps=total_steps,
                       warmup_steps=a.warmup_steps, weight_decay=a.weight_decay)
-        self.policy = TrainingBackend(load_causal_lm(cfg.train_path, lora=cfg.lora), lr=a.lr, **common)
+        self.policy = TrainingBackend(load_causal_lm(cfg.models.train_path, lora=cfg.models.lora), lr=a.lr, **common)
         self.backends = {"policy": self.policy}
         self.critic = None
         self.spec = algos.spec(cfg.core_algo)
@@ -71,24 +72,24 @@ class ConsumerWorker:
         if self.spec.needs_critic:
             from coati_relay.training.critic import CriticModel
 
-            self.critic = TrainingBackend(CriticModel.from_pretrained(cfg.critic_model_path), lr=a.critic_lr,
+            self.critic = TrainingBackend(CriticModel.from_pretrained(cfg.models.critic_model_path), lr=a.critic_lr,
                                           **common)
             self.backends["critic"] = self.critic
         kl_weight = getattr(a, self.spec.kl_weight_key)
         self.reference = None
         if kl_weight > 0:
-            self.reference = load_causal_lm(cfg.train_path).eval().requires_grad_(False)
+            self.reference = load_causal_lm(cfg.models.train_path).eval().requires_grad_(False)
         state = {"round": 0}
-        if cfg.resume_from:
-            state = load_checkpoint(cfg.resume_from, self.backends)
+        if cfg.checkpointing.resume_from:
+            state = load_checkpoint(cfg.checkpointing.resume_from, self.backends)
         self.round = int(state.get("round", 0))
         self.publisher = None
         if self.rank == 0:
-            if cfg.weight_sync == "collective":
+            if cfg.roles.weight_sync == "collective":
                 from coati_relay.weight_sync_collective import CollectivePublisher
 
-                self.publisher = CollectivePublisher(self.store, master_addr, weight_port, cfg.num_producers + 1,
-                                                     cfg.timeout_s)
+                self.publisher = CollectivePublisher(self.store, master_addr, weight_port, cfg.roles.num_producers + 1,
+                                                     cfg.roles.timeout_s)
             else:
                 from coati_relay.weight_sync import WeightPublisher
 
@@ -97,7 +98,7 @@ class ConsumerWorker:
         return {"consumer": self.rank, "setup_s": time.perf_counter() - t0, "start_round": self.round}
 
     def _publish(self, version: int) -> Dict[str, float]:
-        if self.cfg.lora:
+        if self.cfg.models.lora:
             from coati_relay.weight_sync import lora_adapters
 
             return self.publisher.publish(version, adapters=lora_adapters(self.policy.unwrapped()))
@@ -115,9 +116,9 @@ class ConsumerWorker:
         while self.round < cfg.total_rounds:
             r = self.round
             t0 = time.perf_counter()
-            entries = ray.get(self.queue.get.remote(cfg.entries_per_consumer, cfg.timeout_s, r),
-                              timeout=cfg.timeout_s + 30)
-            rollouts = ray.get([e.payload[0] for e in entries], timeout=cfg.timeout_s)
+            entries = ray.get(self.queue.get.remote(cfg.entries_per_consumer, cfg.roles.timeout_s, r),
+                              timeout=cfg.roles.timeout_s + 30)
+            rollouts = ray.get([e.payload[0] for e in entries], timeout=cfg.roles.timeout_s)
             wait_s = time.perf_counter() - t0
             batch = Rollout.concat(rollouts, self.tokenizer.pad_token_id)
             t1 = time.perf_counter()
@@ -126,8 +127,8 @@ class ConsumerWorker:
             self.round = r + 1
             if self.rank == 0:
                 metrics.update(self._publish(self.round))
-            if self.round % cfg.save_interval == 0 or self.round == cfg.total_rounds:
-                path = save_checkpoint(cfg.save_dir, self.round, self.backends,  # every rank takes part
+            if self.round % cfg.checkpointing.save_interval == 0 or self.round == cfg.total_rounds:
+                path = save_checkpoint(cfg.checkpointing.save_dir, self.round, self.backends,  # every rank takes part
                                        {"round": self.round, "version": self.round})
                 metrics["checkpoint"] = str(path)
             load_s = max((e.meta.get("weight_load_last_s", 0.0) for e in entries), default=0.0)
@@ -165,7 +166,7 @@ class ConsumerWorker:
             advantages, returns = out.advantages, out.returns
             loss_mask = self._loss_mask(batch, rewards)
         stats["kept_fraction"] = loss_mask.mean().item()
-        prompts_per_step = cfg.train_batch_size
+        prompts_per_step = cfg.batches.train_batch_size
         g = batch.group_size
         step_stats: List[Dict[str, float]] = []
         for _ in range(a.ppo_epochs):
@@ -204,7 +205,8 @@ class ConsumerWorker:
         """One optimizer step over ``train_batch_size`` prompts, accumulated in micro-batches."""
         cfg, a = self.cfg, self.cfg.algo
         n = seq.size(0)
-        micro = min(cfg.train_microbatch_size, cfg.train_minibatch_size * cfg.num_generations, n)
+        b = cfg.batches
+        micro = min(b.train_microbatch_size, b.train_minibatch_size * b.num_generations, n)
         token_level = a.loss_variation == "token_level"
         total_tokens = (mask * loss_mask.unsqueeze(1)).sum().clamp(min=1.0)
         sums: Dict[str, float] = {}

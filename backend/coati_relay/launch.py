@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from coati_relay.config import RunConfig, build_run_config
+from coati_relay.config import build_run_config
+from coati_relay.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +59,10 @@ def _resources(cfg: RunConfig) -> Dict[str, Dict[str, Any]]:
 
     res = ray.cluster_resources()
     cpus, gpus = float(res.get("CPU", 1)), float(res.get("GPU", 0))
-    n_actors = cfg.num_producers + cfg.num_consumers
+    n_actors = cfg.roles.num_producers + cfg.roles.num_consumers
     cpu_share = max(0.01, min(1.0, cpus / n_actors))
-    if gpus >= cfg.num_producers * cfg.num_proc_per_producer + cfg.num_consumers:
-        return {"producer": {"num_gpus": cfg.num_proc_per_producer, "num_cpus": cpu_share},
+    if gpus >= cfg.roles.num_producers * cfg.roles.num_proc_per_producer + cfg.roles.num_consumers:
+        return {"producer": {"num_gpus": cfg.roles.num_proc_per_producer, "num_cpus": cpu_share},
                 "consumer": {"num_gpus": 1, "num_cpus": cpu_share}}
     if gpus:
         log.warning("the cluster has %g GPUs for %d actors; every role runs on CPU", gpus, n_actors)
@@ -71,14 +72,14 @@ def _resources(cfg: RunConfig) -> Dict[str, Dict[str, Any]]:
 
 
 def _start_state(cfg: RunConfig) -> Dict[str, Any]:
-    if not cfg.resume_from:
+    if not cfg.checkpointing.resume_from:
         return {"round": 0}
     from coati_relay.checkpoint import load_checkpoint
 
-    state = load_checkpoint(cfg.resume_from, {})
+    state = load_checkpoint(cfg.checkpointing.resume_from, {})
     if int(state.get("round", 0)) >= cfg.total_rounds:
-        raise ValueError(f"resume_from={cfg.resume_from!r} is at round {state.get('round')}, the run has only "
-                         f"{cfg.total_rounds}; raise num_episodes to train further")
+        raise ValueError(f"resume_from={cfg.checkpointing.resume_from!r} is at round {state.get('round')}, the run "
+                         f"has only {cfg.total_rounds}; raise num_episodes to train further")
     return state
 
 
@@ -97,8 +98,8 @@ def run(cfg: RunConfig) -> RunResult:
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": ACTOR_ENV})
     opts = _resources(cfg)
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    queue = make_rollout_queue(maxsize=cfg.tasks_per_round * (cfg.n_behind + 1), staleness=cfg.n_behind,
+    cfg.checkpointing.run_dir.mkdir(parents=True, exist_ok=True)
+    queue = make_rollout_queue(maxsize=cfg.tasks_per_round * (cfg.roles.n_behind + 1), staleness=cfg.roles.n_behind,
                                total_tasks=cfg.total_rounds * cfg.tasks_per_round,
                                first_task=start_round * cfg.tasks_per_round)
     store = make_weight_store()
@@ -106,19 +107,19 @@ def run(cfg: RunConfig) -> RunResult:
     producer_cls = ray.remote(ProducerWorker)
     prefix = f"coati-relay/{cfg.project_name}/{uuid.uuid4().hex[:8]}"  # named, so users can find them in Ray
     consumers = [consumer_cls.options(name=f"{prefix}/consumer-{r}", **opts["consumer"]).remote(r, cfg, queue, store)
-                 for r in range(cfg.num_consumers)]
+                 for r in range(cfg.roles.num_consumers)]
     producers = [producer_cls.options(name=f"{prefix}/producer-{i}", **opts["producer"])
-                 .remote(i, cfg, queue, store, start_round) for i in range(cfg.num_producers)]
+                 .remote(i, cfg, queue, store, start_round) for i in range(cfg.roles.num_producers)]
     names = {**{c: f"consumer-{r}" for r, c in enumerate(consumers)},
              **{p: f"producer-{i}" for i, p in enumerate(producers)}}
     supervisor = _Supervisor(cfg, queue, names)
     try:
-        addr, port, weight_port = ray.get(consumers[0].rendezvous.remote(), timeout=cfg.timeout_s)
+        addr, port, weight_port = ray.get(consumers[0].rendezvous.remote(), timeout=cfg.roles.timeout_s)
         setup_refs = ([c.setup.remote(addr, port, weight_port) for c in consumers]
                       + [p.setup.remote(addr, weight_port) for p in producers])
         supervisor.wait_all(setup_refs, list(names.keys()), what="set-up")
         setup_s = time.perf_counter() - t_start
-        logger = MetricsLogger(cfg.run_dir)
+        logger = MetricsLogger(cfg.checkpointing.run_dir)
         bar = ProgressBar(cfg.total_rounds, desc=f"{cfg.core_algo} {cfg.project_name}", enabled=cfg.progress)
         run_refs = {c.run.remote(): c for c in consumers}
         run_refs.update({p.run.remote(): p for p in producers})
@@ -142,7 +143,7 @@ def run(cfg: RunConfig) -> RunResult:
     summary = run_summary(logger.history)
     summary["setup_s"] = setup_s
     summary["wall_s"] = train_s  # training only; the log's timestamps are when the driver saw each step
-    return RunResult(history=history, checkpoints=checkpoints, run_dir=cfg.run_dir, summary=summary,
+    return RunResult(history=history, checkpoints=checkpoints, run_dir=cfg.checkpointing.run_dir, summary=summary,
                      counters=counters, producer_stats=[results[p] for p in producers if p in results],
                      setup_s=setup_s)
 
@@ -168,7 +169,7 @@ class _Supervisor:
     def wait_all(self, refs: List[Any], actors: List[Any], what: str) -> List[Any]:
         import ray
 
-        deadline = time.monotonic() + self.cfg.timeout_s + 600  # engine start and model loading included
+        deadline = time.monotonic() + self.cfg.roles.timeout_s + 600  # engine start and model loading included
         pending = {r: a for r, a in zip(refs, actors)}
         out = []
         while pending:
@@ -203,8 +204,8 @@ class _Supervisor:
                 last_progress = time.monotonic()
             seen += len(reports)
             if not ready:
-                if time.monotonic() - last_progress > self.cfg.timeout_s + 60:
-                    self._fail(f"no training step finished for {self.cfg.timeout_s + 60:.0f}s; "
+                if time.monotonic() - last_progress > self.cfg.roles.timeout_s + 60:
+                    self._fail(f"no training step finished for {self.cfg.roles.timeout_s + 60:.0f}s; "
                                f"still running: {sorted(self.names[a] for a in pending.values())}")
                 continue
             ref = ready[0]
@@ -213,7 +214,8 @@ class _Supervisor:
             try:
                 results[actor] = ray.get(ref)
             except Exception as exc:
-                if name.startswith("producer") and self.cfg.on_producer_failure == "continue" and alive_producers > 1:
+                may_continue = self.cfg.roles.on_producer_failure == "continue" and alive_producers > 1
+                if name.startswith("producer") and may_continue:
                     alive_producers -= 1
                     lost = ray.get(self.queue.producer_died.remote(name), timeout=30)
                     log.warning("%s died (%s); its tasks %s go to the other producers", name, _short(exc), lost)

@@ -12,8 +12,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from coati_relay.config import RunConfig
 from coati_relay.rollout import Rollout
+from coati_relay.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -45,37 +45,38 @@ class ProducerWorker:
 
         cfg = self.cfg
         t0 = time.perf_counter()
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.models.tokenizer_path)
         self.tokenizer.padding_side = "left"
-        self.dataset = load_prompts(cfg.dataset, self.tokenizer, max_prompt_tokens=cfg.max_prompt_tokens,
-                                    system_prompt=cfg.system_prompt)
-        self.sampler = PromptSampler(len(self.dataset), cfg.inference_microbatch_size, seed=cfg.seed)
-        self.backend = build_inference_backend(cfg.inference_backend, cfg.model_path, cfg.sampling,
+        self.dataset = load_prompts(cfg.data.dataset, self.tokenizer, max_prompt_tokens=cfg.data.max_prompt_tokens,
+                                    system_prompt=cfg.data.system_prompt)
+        self.sampler = PromptSampler(len(self.dataset), cfg.batches.inference_microbatch_size, seed=cfg.seed)
+        self.backend = build_inference_backend(cfg.roles.inference_backend, cfg.models.model_path, cfg.sampling,
                                                tokenizer=self.tokenizer, seed=cfg.seed + self.index,
-                                               **cfg.inference_model_kwargs)
+                                               **cfg.models.inference_model_kwargs)
         self.reward_fn = self.rm_scorer = None
-        if cfg.reward_model_path:
+        if cfg.models.reward_model_path:
             from coati_relay.rewards import RewardModelScorer
 
-            self.rm_scorer = RewardModelScorer(cfg.reward_model_path, tokenizer=self.tokenizer)
+            self.rm_scorer = RewardModelScorer(cfg.models.reward_model_path, tokenizer=self.tokenizer)
         else:
             from coati_relay.rewards import get_reward_fn
 
             self.reward_fn = get_reward_fn(cfg.reward)
         base = None
-        if cfg.lora:
+        if cfg.models.lora:
             from coati_relay.training.booster_backend import load_causal_lm
 
-            base = {k: v.detach().clone() for k, v in load_causal_lm(cfg.model_path).state_dict().items()}
-        if cfg.weight_sync == "collective":
+            base = {k: v.detach().clone() for k, v in load_causal_lm(cfg.models.model_path).state_dict().items()}
+        if cfg.roles.weight_sync == "collective":
             from coati_relay.weight_sync_collective import CollectiveSubscriber
 
             self.subscriber = CollectiveSubscriber(self.store, weight_addr, weight_port, self.index + 1,
-                                                   cfg.num_producers + 1, self.start_version, cfg.timeout_s, base)
+                                                   cfg.roles.num_producers + 1, self.start_version,
+                                                   cfg.roles.timeout_s, base)
         else:
             self.subscriber = WeightSubscriber(self.store, base_weights=base)
-        self._load_version(self.start_version, timeout_s=self.cfg.timeout_s)
-        return {"producer": self.name, "setup_s": time.perf_counter() - t0, "backend": cfg.inference_backend}
+        self._load_version(self.start_version, timeout_s=self.cfg.roles.timeout_s)
+        return {"producer": self.name, "setup_s": time.perf_counter() - t0, "backend": cfg.roles.inference_backend}
 
     # -- weights ---------------------------------------------------------------------------------------------
     def _load_version(self, min_version: int, timeout_s: float) -> None:
@@ -94,8 +95,8 @@ class ProducerWorker:
         """Blocks until weights of version >= ``needed`` are loaded, running orphaned tasks meanwhile."""
         latest = self._latest_version()
         if latest is not None and latest > self.backend.weight_version:
-            self._load_version(latest, timeout_s=self.cfg.timeout_s)
-        deadline = time.monotonic() + self.cfg.timeout_s
+            self._load_version(latest, timeout_s=self.cfg.roles.timeout_s)
+        deadline = time.monotonic() + self.cfg.roles.timeout_s
         while self.backend.weight_version < needed:
             t0 = time.perf_counter()
             try:
@@ -107,7 +108,7 @@ class ProducerWorker:
             self.stats["wait_s"] += time.perf_counter() - t0
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name}: no weights of version >= {needed} within "
-                                   f"{self.cfg.timeout_s:.0f}s; is a consumer stuck or dead?")
+                                   f"{self.cfg.roles.timeout_s:.0f}s; is a consumer stuck or dead?")
 
     # -- work ------------------------------------------------------------------------------------------------
     def _prompt_indices(self, task: int) -> List[int]:
@@ -142,7 +143,7 @@ class ProducerWorker:
         idx = self._prompt_indices(task)
         info = {k: [v[i] for i in idx] for k, v in self.dataset.info.items()}
         t0 = time.perf_counter()
-        rollout = self.backend.generate([self.dataset.prompt_ids[i] for i in idx], cfg.num_generations, info)
+        rollout = self.backend.generate([self.dataset.prompt_ids[i] for i in idx], cfg.batches.num_generations, info)
         gen_s = time.perf_counter() - t0
         rollout.rewards = self._score(rollout, info.get("prompt_text", [""] * len(idx)))
         tokens = int(rollout.response_lengths.sum())
@@ -152,7 +153,7 @@ class ProducerWorker:
         self.stats["generate_s"] += gen_s
         meta = {"generate_s": gen_s, "tokens": tokens, "weight_load_last_s": self.last_load_s}
         _call(self.queue.put, [ray.put(rollout)], rollout.weight_version, rollout.num_prompts, self.name, task,
-              cfg.timeout_s, meta, timeout_s=cfg.timeout_s + 30)
+              cfg.roles.timeout_s, meta, timeout_s=cfg.roles.timeout_s + 30)
 
     def run(self) -> Dict[str, float]:
         """Works until the board is empty; returns this producer's counters."""

@@ -47,10 +47,10 @@ def good(files, **over):
 
 def test_good_config_passes_and_derives_sizes(files):
     cfg = build_run_config(**good(files))
-    assert cfg.num_prompts == 16
+    assert cfg.data.num_prompts == 16
     assert cfg.prompts_per_round == 8 and cfg.tasks_per_round == 4 and cfg.entries_per_consumer == 2
     assert cfg.rounds_per_episode == 2 and cfg.optimizer_steps_per_round == 2
-    assert cfg.plugin == "ddp"
+    assert cfg.plugin.name == "ddp"
 
 
 def _p(files, key):
@@ -151,7 +151,7 @@ def test_validation_starts_no_actor(files):
 def test_ppo_allows_one_generation_and_gets_a_critic(files):
     cfg = build_run_config(**good(files, core_algo="PPO", num_generations=1,
                                   train_batch_size=2, train_minibatch_size=2))
-    assert cfg.critic_model_path == str(Path(files["model"]))
+    assert cfg.models.critic_model_path == str(Path(files["model"]))
     assert cfg.algo.kl_coef > 0
 
 
@@ -162,8 +162,8 @@ def test_producer_processes_reach_vllm_as_tensor_parallel_size(files, monkeypatc
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cfg = build_run_config(**good(files, num_proc_per_producer=2, inference_backend="vllm"))
-    assert cfg.inference_model_kwargs["tensor_parallel_size"] == 2
-    assert "tensor_parallel_size" not in build_run_config(**good(files)).inference_model_kwargs
+    assert cfg.models.inference_model_kwargs["tensor_parallel_size"] == 2
+    assert "tensor_parallel_size" not in build_run_config(**good(files)).models.inference_model_kwargs
     with pytest.raises(ConfigError, match="only inference_backend='vllm'"):
         build_run_config(**good(files, num_proc_per_producer=2, inference_backend="transformers"))
     with pytest.raises(ConfigError, match="tensor_parallel_size=4 disagrees"):

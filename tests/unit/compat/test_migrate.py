@@ -260,9 +260,9 @@ def test_generated_config_passes_engine_validation(migrations, tiny_model_path, 
         config = yaml.safe_load(migrations["ppo_many_roles.py"].yaml({**flags, "lora_rank": lora_rank,
                                                                        "prompt_tokens": 96}))
         cfg = build_run_config(**config)
-        assert cfg.core_algo == "PPO" and cfg.num_prompts == 32 and cfg.optimizer_steps_per_round == 2
-        assert cfg.sampling.max_new_tokens == 16 and cfg.reward_model_path == tiny_model_path
-    assert cfg.lora["r"] == 4
+        assert cfg.core_algo == "PPO" and cfg.data.num_prompts == 32 and cfg.optimizer_steps_per_round == 2
+        assert cfg.sampling.max_new_tokens == 16 and cfg.models.reward_model_path == tiny_model_path
+    assert cfg.models.lora["r"] == 4
 
 
 @pytest.mark.slow

@@ -1,0 +1,135 @@
+"""`RunConfig`: a checked run, in typed sections (built by `coati_relay.config.build_run_config`).
+
+Sizes are in prompts unless the name says samples or sequences.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Union
+
+from coati_relay.config_algorithm import AlgorithmConfig
+from coati_relay.inference.base import SamplingConfig
+
+
+@dataclass(frozen=True)
+class Roles:
+    """The actors and how they cooperate: producer and consumer counts, GPUs per producer (vLLM tensor
+    parallelism), the inference backend, how weights travel, what a dead producer means, the staleness bound and
+    the timeout of every blocking wait (seconds)."""
+
+    num_producers: int
+    num_proc_per_producer: int
+    num_consumers: int
+    inference_backend: str
+    weight_sync: str
+    on_producer_failure: str
+    n_behind: int
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class Batches:
+    """Batch sizes: per producer per weight version, per producer task, per optimizer step and per accumulation
+    chunk (prompts), per forward (sequences), responses per prompt, passes over the prompts."""
+
+    num_episodes: int
+    inference_batch_size: int
+    inference_microbatch_size: int
+    train_batch_size: int
+    train_minibatch_size: int
+    train_microbatch_size: int
+    num_generations: int
+
+
+@dataclass(frozen=True)
+class Models:
+    """Checkpoint directories; the producers' engine keywords; the LoRA settings of the policy (None: full)."""
+
+    model_path: str
+    train_path: str
+    tokenizer_path: str
+    inference_model_kwargs: Dict[str, Any]
+    lora: Optional[Dict[str, Any]]
+    critic_model_path: Optional[str]
+    reward_model_path: Optional[str]
+
+
+@dataclass(frozen=True)
+class Data:
+    """The prompts (a file path or a list) and how they are cut; ``num_prompts`` as counted in the driver."""
+
+    dataset: Union[str, List[Any]]
+    max_prompt_tokens: int
+    system_prompt: Optional[str]
+    num_prompts: int
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """The ColossalAI Booster plugin the consumers train with."""
+
+    name: str
+    options: Dict[str, Any]
+    allow_cpu_fallback: bool
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """Checkpoint every ``save_interval`` rounds (and at the end) under ``save_dir``; metrics go to ``run_dir``."""
+
+    save_interval: int
+    run_dir: Path
+    save_dir: Path
+    resume_from: Optional[str]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs, checked: the sections above, the algorithm and its reward."""
+
+    roles: Roles
+    batches: Batches
+    models: Models
+    data: Data
+    sampling: SamplingConfig
+    plugin: Plugin
+    checkpointing: Checkpointing
+    core_algo: str
+    algo: AlgorithmConfig
+    reward: Union[str, Callable]
+    project_name: str = "coati-relay"
+    seed: int = 42
+    progress: bool = True
+
+    # -- derived sizes ---------------------------------------------------------------------------------------
+    @property
+    def prompts_per_round(self) -> int:
+        """Prompts consumed between two weight versions (all producers together)."""
+        return self.batches.inference_batch_size * self.roles.num_producers
+
+    @property
+    def tasks_per_round(self) -> int:
+        return self.prompts_per_round // self.batches.inference_microbatch_size
+
+    @property
+    def rounds_per_episode(self) -> int:
+        return self.data.num_prompts // self.prompts_per_round
+
+    @property
+    def total_rounds(self) -> int:
+        return self.rounds_per_episode * self.batches.num_episodes
+
+    @property
+    def entries_per_consumer(self) -> int:
+        """Queue entries (inference micro-batches) each consumer takes per round."""
+        return self.tasks_per_round // self.roles.num_consumers
+
+    @property
+    def optimizer_steps_per_round(self) -> int:
+        return self.prompts_per_round // (self.batches.train_batch_size * self.roles.num_consumers)
+
+    def version_needed(self, task: int) -> int:
+        """The oldest weight version a producer may run ``task`` with: task t belongs to round
+        ``t // tasks_per_round``, which trains on rollouts at most ``n_behind`` versions old."""
+        return task // self.tasks_per_round - self.roles.n_behind
