@@ -10,7 +10,7 @@ import logging
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from coati_relay import algorithms
 from coati_relay.config_algorithm import build_algorithm
@@ -157,31 +157,12 @@ def _check_sections(errors: List[str], sections: Dict[str, Dict[str, Any]]) -> N
         check_section_keys(errors, name, given, SECTION_KEYS[name], IGNORED_SECTION_KEYS.get(name, {}))
 
 
-def build_run_config(
-    num_producers: int, num_proc_per_producer: int, num_consumer_procs: int, num_episodes: int,
-    inference_batch_size: int, inference_microbatch_size: int, train_batch_size: int, train_minibatch_size: int,
-    train_dataset_config: Dict[str, Any], inference_model_config: Dict[str, Any], generate_config: Dict[str, Any],
-    train_model_config: Dict[str, Any], grpo_config: Dict[str, Any], plugin_config: Dict[str, Any],
-    tokenizer_config: Optional[Dict[str, Any]] = None, inference_backend: str = "transformers",
-    num_generations: int = 8, core_algo: str = "GRPO", project_name: Optional[str] = None,
-    save_interval: int = 100, save_dir: Optional[str] = None, n_behind: int = 0,
-    critic_model_config: Optional[Dict[str, Any]] = None, reward_model_config: Optional[Dict[str, Any]] = None,
-    run_dir: Optional[str] = None, resume_from: Optional[str] = None, on_producer_failure: str = "fail",
-    timeout_s: float = 300.0, seed: int = 42, progress: bool = True, weight_sync: str = "object_store",
-    **ignored: Any,
-) -> RunConfig:
-    """Checks every launch parameter and the constraints between them; raises one `ConfigError` listing all."""
-    errors: List[str] = []
+def _roles(errors: List[str], num_producers: Any, num_proc_per_producer: Any, num_consumer_procs: Any,
+           inference_backend: Any, weight_sync: Any, on_producer_failure: Any, n_behind: Any, timeout_s: Any,
+           imc: Dict[str, Any]) -> Roles:
     np_ = _positive_int(errors, "num_producers", num_producers)
     ppp = _positive_int(errors, "num_proc_per_producer", num_proc_per_producer)
     nc = _positive_int(errors, "num_consumer_procs", num_consumer_procs)
-    ne = _positive_int(errors, "num_episodes", num_episodes)
-    ibs = _positive_int(errors, "inference_batch_size", inference_batch_size)
-    imbs = _positive_int(errors, "inference_microbatch_size", inference_microbatch_size)
-    tbs = _positive_int(errors, "train_batch_size", train_batch_size)
-    tmbs = _positive_int(errors, "train_minibatch_size", train_minibatch_size)
-    ng = _positive_int(errors, "num_generations", num_generations)
-    _positive_int(errors, "save_interval", save_interval)
     if isinstance(n_behind, bool) or not isinstance(n_behind, int) or n_behind < 0:
         errors.append(f"n_behind must be an int >= 0 (0: on-policy lock-step), got {n_behind!r}")
         n_behind = 0
@@ -197,35 +178,6 @@ def build_run_config(
                       "after one dies: use on_producer_failure='fail' or weight_sync='object_store'")
     if inference_backend not in BACKENDS:
         errors.append(f"inference_backend must be one of {list(BACKENDS)}, got {inference_backend!r}")
-    _check_launch_keys(errors, ignored)
-
-    # Sizes must tile: producers' micro-batches, consumers' shares and optimizer batches.
-    if imbs and ibs % imbs:
-        errors.append(f"inference_batch_size ({ibs}) must be a multiple of inference_microbatch_size ({imbs})")
-    if tmbs > tbs or tbs % tmbs:
-        errors.append(f"train_batch_size ({tbs}) must be a multiple of train_minibatch_size ({tmbs}) and >= it")
-    if (ibs * np_) % (tbs * nc):
-        errors.append(f"inference_batch_size * num_producers ({ibs}*{np_}={ibs * np_} prompts per weight version) "
-                      f"must be a multiple of train_batch_size * num_consumer_procs ({tbs}*{nc}={tbs * nc}), "
-                      f"otherwise consumers would wait for prompts that never come")
-    if imbs and (ibs * np_ // imbs) % nc:
-        errors.append(f"the {ibs * np_ // max(imbs, 1)} inference micro-batches per weight version "
-                      f"(inference_batch_size*num_producers/inference_microbatch_size) must split evenly over "
-                      f"num_consumer_procs={nc}")
-    if imbs and (tbs % imbs and imbs % tbs):
-        errors.append(f"train_batch_size ({tbs}) and inference_microbatch_size ({imbs}) must divide one another")
-
-    tdc = _dict(errors, "train_dataset_config", train_dataset_config)
-    imc = _dict(errors, "inference_model_config", inference_model_config)
-    tmc = _dict(errors, "train_model_config", train_model_config)
-    gen = _dict(errors, "generate_config", generate_config)
-    grpo = _dict(errors, "grpo_config", grpo_config)
-    plc = _dict(errors, "plugin_config", plugin_config)
-    tokc = _dict(errors, "tokenizer_config", tokenizer_config)
-    rm_cfg = _dict(errors, "reward_model_config", reward_model_config)
-    critic_cfg = _dict(errors, "critic_model_config", critic_model_config)
-    _check_sections(errors, {"train_dataset_config": tdc, "train_model_config": tmc, "tokenizer_config": tokc,
-                             "critic_model_config": critic_cfg, "reward_model_config": rm_cfg})
     if ppp > 1:
         import torch
 
@@ -238,51 +190,89 @@ def build_run_config(
         if imc.get("tensor_parallel_size", ppp) != ppp:
             errors.append(f"inference_model_config tensor_parallel_size={imc['tensor_parallel_size']!r} disagrees "
                           f"with num_proc_per_producer={ppp}; drop it (num_proc_per_producer sets it)")
+    return Roles(num_producers=np_, num_proc_per_producer=ppp, num_consumers=nc, inference_backend=inference_backend,
+                 weight_sync=weight_sync, on_producer_failure=on_producer_failure, n_behind=n_behind,
+                 timeout_s=float(timeout_s))
 
+
+def _batches(errors: List[str], roles: Roles, num_episodes: Any, inference_batch_size: Any,
+             inference_microbatch_size: Any, train_batch_size: Any, train_minibatch_size: Any, num_generations: Any,
+             grpo: Dict[str, Any]) -> Batches:
+    """The sizes, checked to tile: producers' micro-batches, consumers' shares and optimizer batches."""
+    np_, nc = roles.num_producers, roles.num_consumers
+    ne = _positive_int(errors, "num_episodes", num_episodes)
+    ibs = _positive_int(errors, "inference_batch_size", inference_batch_size)
+    imbs = _positive_int(errors, "inference_microbatch_size", inference_microbatch_size)
+    tbs = _positive_int(errors, "train_batch_size", train_batch_size)
+    tmbs = _positive_int(errors, "train_minibatch_size", train_minibatch_size)
+    ng = _positive_int(errors, "num_generations", num_generations)
+    if ibs % imbs:
+        errors.append(f"inference_batch_size ({ibs}) must be a multiple of inference_microbatch_size ({imbs})")
+    if tmbs > tbs or tbs % tmbs:
+        errors.append(f"train_batch_size ({tbs}) must be a multiple of train_minibatch_size ({tmbs}) and >= it")
+    if (ibs * np_) % (tbs * nc):
+        errors.append(f"inference_batch_size * num_producers ({ibs}*{np_}={ibs * np_} prompts per weight version) "
+                      f"must be a multiple of train_batch_size * num_consumer_procs ({tbs}*{nc}={tbs * nc}), "
+                      f"otherwise consumers would wait for prompts that never come")
+    if (ibs * np_ // imbs) % nc:
+        errors.append(f"the {ibs * np_ // imbs} inference micro-batches per weight version "
+                      f"(inference_batch_size*num_producers/inference_microbatch_size) must split evenly over "
+                      f"num_consumer_procs={nc}")
+    if tbs % imbs and imbs % tbs:
+        errors.append(f"train_batch_size ({tbs}) and inference_microbatch_size ({imbs}) must divide one another")
+    tmicro = grpo.get("train_microbatch_size", tmbs * ng)
+    if isinstance(tmicro, bool) or not isinstance(tmicro, int) or tmicro <= 0:
+        errors.append(f"grpo_config['train_microbatch_size'] must be a positive int (samples per forward), "
+                      f"got {tmicro!r}")
+        tmicro = 1
+    return Batches(num_episodes=ne, inference_batch_size=ibs, inference_microbatch_size=imbs, train_batch_size=tbs,
+                   train_minibatch_size=tmbs, train_microbatch_size=tmicro, num_generations=ng)
+
+
+def _models(errors: List[str], roles: Roles, imc: Dict[str, Any], tmc: Dict[str, Any], tokc: Dict[str, Any],
+            critic_cfg: Dict[str, Any], rm_cfg: Dict[str, Any], core_algo: str, needs_critic: Optional[bool]) -> Models:
+    """needs_critic: whether the algorithm trains a critic (None: the algorithm is unknown)."""
     model_path = _model_path(errors, "inference_model_config", imc)
     train_path = _model_path(errors, "train_model_config", tmc) if tmc.get("path") else model_path
     if model_path and train_path and Path(model_path).resolve() != Path(train_path).resolve():
         log.info("producers generate from %s, consumers train %s", model_path, train_path)
     tokenizer_path = str(tokc.get("path") or model_path)
     _check_tokenizer(errors, tokenizer_path)
-
-    sampling = _sampling(errors, gen, grpo)
-    tmicro = grpo.get("train_microbatch_size", tmbs * ng)
-    if isinstance(tmicro, bool) or not isinstance(tmicro, int) or tmicro <= 0:
-        errors.append(f"grpo_config['train_microbatch_size'] must be a positive int (samples per forward), "
-                      f"got {tmicro!r}")
-        tmicro = 1
-    algo = build_algorithm(errors, core_algo, grpo, ng)
-    needs_critic = algo is not None and algorithms.spec(core_algo).needs_critic
-
     rm_path = _model_path(errors, "reward_model_config", rm_cfg) if rm_cfg else None
     critic_path = _model_path(errors, "critic_model_config", critic_cfg) if critic_cfg else None
     if needs_critic and critic_path is None:
         critic_path = train_path  # value head on a copy of the policy's trunk
-    if critic_cfg and algo is not None and not needs_critic:
+    if critic_cfg and needs_critic is False:
         errors.append(f"critic_model_config is only used by algorithms with a critic (PPO), not {core_algo!r}; "
                       f"drop it")
-    reward = _reward(errors, grpo, rm_cfg)
+    tp = roles.num_proc_per_producer
+    engine_kwargs = {k: v for k, v in imc.items() if k not in ("path", "checkpoint_path")}
+    return Models(model_path=model_path, train_path=train_path, tokenizer_path=tokenizer_path,
+                  inference_model_kwargs={**engine_kwargs, **({"tensor_parallel_size": tp} if tp > 1 else {})},
+                  lora=tmc.get("lora"), critic_model_path=critic_path, reward_model_path=rm_path)
 
+
+def _plugin(errors: List[str], plc: Dict[str, Any]) -> Tuple[Plugin, Optional[float]]:
+    """The plugin section and ColossalChat's ``plugin_config["max_norm"]`` (gradient clipping) if given."""
     from coati_relay.training.plugins import resolve_plugin
 
-    plugin_name = plc.pop("plugin", None)
+    plc = dict(plc)
+    name = plc.pop("plugin", None)
     allow_fallback = bool(plc.pop("allow_cpu_fallback", False))
     max_norm = plc.pop("max_norm", None)
     plc.pop("microbatch_size", None)  # ColossalChat passes it for pipeline parallelism only
-    if plugin_name is None:
-        plugin_name = "hybrid" if {"tp_size", "pp_size", "zero_stage"} & set(plc) else "ddp"
-        if plugin_name == "hybrid" and all(plc.get(k, d) == d for k, d in
-                                           (("tp_size", 1), ("pp_size", 1), ("zero_stage", 0))):
-            plugin_name = "ddp"
-            plc = {}
+    if name is None:
+        name = "hybrid" if {"tp_size", "pp_size", "zero_stage"} & set(plc) else "ddp"
+        if name == "hybrid" and all(plc.get(k, d) == d for k, d in (("tp_size", 1), ("pp_size", 1), ("zero_stage", 0))):
+            name, plc = "ddp", {}
     try:
-        plugin_name, plc = resolve_plugin(plugin_name, plc, allow_cpu_fallback=allow_fallback)
+        name, plc = resolve_plugin(name, plc, allow_cpu_fallback=allow_fallback)
     except ValueError as exc:
         errors.append(f"plugin_config: {exc}")
-    if max_norm is not None and algo is not None and algo.max_grad_norm is None:
-        algo = replace(algo, max_grad_norm=max_norm)
+    return Plugin(name=name, options=plc, allow_cpu_fallback=allow_fallback), max_norm
 
+
+def _data(errors: List[str], tdc: Dict[str, Any], tokenizer_path: str, prompts_per_version: int) -> Data:
     dataset = tdc.get("path", tdc.get("prompts"))
     if dataset is None:
         errors.append("train_dataset_config needs 'path' (a .jsonl in ColossalChat's format or a .csv with a "
@@ -290,32 +280,63 @@ def build_run_config(
     max_prompt_tokens = _positive_int(errors, "train_dataset_config['max_length']", tdc.get("max_length", 512))
     system_prompt = tdc.get("system_prompt")
     num_prompts = count_prompts(errors, dataset, tokenizer_path, max_prompt_tokens, system_prompt)
-    if not errors and num_prompts < ibs * np_:
+    if not errors and num_prompts < prompts_per_version:
         errors.append(f"the dataset has {num_prompts} prompts, fewer than one weight version needs "
-                      f"(inference_batch_size*num_producers = {ibs * np_}); lower the batch sizes or add prompts")
+                      f"(inference_batch_size*num_producers = {prompts_per_version}); lower the batch sizes or add "
+                      f"prompts")
+    return Data(dataset=dataset, max_prompt_tokens=max_prompt_tokens, system_prompt=system_prompt,
+                num_prompts=num_prompts)
 
+
+def build_run_config(
+    num_producers: int, num_proc_per_producer: int, num_consumer_procs: int, num_episodes: int,
+    inference_batch_size: int, inference_microbatch_size: int, train_batch_size: int, train_minibatch_size: int,
+    train_dataset_config: Dict[str, Any], inference_model_config: Dict[str, Any], generate_config: Dict[str, Any],
+    train_model_config: Dict[str, Any], grpo_config: Dict[str, Any], plugin_config: Dict[str, Any],
+    tokenizer_config: Optional[Dict[str, Any]] = None, inference_backend: str = "transformers",
+    num_generations: int = 8, core_algo: str = "GRPO", project_name: Optional[str] = None,
+    save_interval: int = 100, save_dir: Optional[str] = None, n_behind: int = 0,
+    critic_model_config: Optional[Dict[str, Any]] = None, reward_model_config: Optional[Dict[str, Any]] = None,
+    run_dir: Optional[str] = None, resume_from: Optional[str] = None, on_producer_failure: str = "fail",
+    timeout_s: float = 300.0, seed: int = 42, progress: bool = True, weight_sync: str = "object_store",
+    **ignored: Any,
+) -> RunConfig:
+    """Checks every launch parameter and the constraints between them; raises one `ConfigError` listing all."""
+    errors: List[str] = []
+    _check_launch_keys(errors, ignored)
+    _positive_int(errors, "save_interval", save_interval)
+    tdc = _dict(errors, "train_dataset_config", train_dataset_config)
+    imc = _dict(errors, "inference_model_config", inference_model_config)
+    tmc = _dict(errors, "train_model_config", train_model_config)
+    gen = _dict(errors, "generate_config", generate_config)
+    grpo = _dict(errors, "grpo_config", grpo_config)
+    plc = _dict(errors, "plugin_config", plugin_config)
+    tokc = _dict(errors, "tokenizer_config", tokenizer_config)
+    rm_cfg = _dict(errors, "reward_model_config", reward_model_config)
+    critic_cfg = _dict(errors, "critic_model_config", critic_model_config)
+    _check_sections(errors, {"train_dataset_config": tdc, "train_model_config": tmc, "tokenizer_config": tokc,
+                             "critic_model_config": critic_cfg, "reward_model_config": rm_cfg})
+
+    roles = _roles(errors, num_producers, num_proc_per_producer, num_consumer_procs, inference_backend, weight_sync,
+                   on_producer_failure, n_behind, timeout_s, imc)
+    batches = _batches(errors, roles, num_episodes, inference_batch_size, inference_microbatch_size,
+                       train_batch_size, train_minibatch_size, num_generations, grpo)
+    sampling = _sampling(errors, gen, grpo)
+    algo = build_algorithm(errors, core_algo, grpo, batches.num_generations)
+    models = _models(errors, roles, imc, tmc, tokc, critic_cfg, rm_cfg, core_algo,
+                     None if algo is None else algorithms.spec(core_algo).needs_critic)
+    reward = _reward(errors, grpo, rm_cfg)
+    plugin, max_norm = _plugin(errors, plc)
+    if max_norm is not None and algo is not None and algo.max_grad_norm is None:
+        algo = replace(algo, max_grad_norm=max_norm)
+    data = _data(errors, tdc, models.tokenizer_path, batches.inference_batch_size * roles.num_producers)
     if errors:
         raise ConfigError("invalid launch configuration:\n  - " + "\n  - ".join(errors))
 
     name = (project_name or "coati-relay").replace(" ", "_")
     rd = Path(run_dir) if run_dir else Path("runs") / name
-    return RunConfig(
-        roles=Roles(num_producers=np_, num_proc_per_producer=ppp, num_consumers=nc,
-                    inference_backend=inference_backend, weight_sync=weight_sync,
-                    on_producer_failure=on_producer_failure, n_behind=n_behind, timeout_s=float(timeout_s)),
-        batches=Batches(num_episodes=ne, inference_batch_size=ibs, inference_microbatch_size=imbs,
-                        train_batch_size=tbs, train_minibatch_size=tmbs, train_microbatch_size=tmicro,
-                        num_generations=ng),
-        models=Models(model_path=model_path, train_path=train_path, tokenizer_path=tokenizer_path,
-                      inference_model_kwargs={**{k: v for k, v in imc.items() if k not in ("path", "checkpoint_path")},
-                                              **({"tensor_parallel_size": ppp} if ppp > 1 else {})},
-                      lora=tmc.get("lora"), critic_model_path=critic_path, reward_model_path=rm_path),
-        data=Data(dataset=dataset, max_prompt_tokens=max_prompt_tokens, system_prompt=system_prompt,
-                  num_prompts=num_prompts),
-        sampling=sampling,
-        plugin=Plugin(name=plugin_name, options=plc, allow_cpu_fallback=allow_fallback),
-        checkpointing=Checkpointing(save_interval=save_interval, run_dir=rd,
-                                    save_dir=Path(save_dir) if save_dir else rd,
-                                    resume_from=resume_from or tmc.get("checkpoint_path")),
-        core_algo=core_algo, algo=algo, reward=reward, project_name=name, seed=seed, progress=progress,
-    )
+    checkpointing = Checkpointing(save_interval=save_interval, run_dir=rd, save_dir=Path(save_dir) if save_dir else rd,
+                                  resume_from=resume_from or tmc.get("checkpoint_path"))
+    return RunConfig(roles=roles, batches=batches, models=models, data=data, sampling=sampling, plugin=plugin,
+                     checkpointing=checkpointing, core_algo=core_algo, algo=algo, reward=reward, project_name=name,
+                     seed=seed, progress=progress)

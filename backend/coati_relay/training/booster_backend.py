@@ -221,10 +221,6 @@ class TrainingBackend:
         self.model.train()
         return self
 
-    def eval(self) -> "TrainingBackend":
-        self.model.eval()
-        return self
-
     def unwrapped(self) -> nn.Module:
         """The model inside the plugin's wrappers (a peft model stays a peft model)."""
         if self.booster is not None:
