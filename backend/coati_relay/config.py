@@ -157,9 +157,34 @@ def _check_sections(errors: List[str], sections: Dict[str, Dict[str, Any]]) -> N
         check_section_keys(errors, name, given, SECTION_KEYS[name], IGNORED_SECTION_KEYS.get(name, {}))
 
 
+def _placement(errors: List[str], strategy: Any, timeout_s: Any, role_resources: Any) -> Dict[str, Any]:
+    from coati_relay.placement import ROLES, STRATEGIES
+
+    if strategy not in STRATEGIES:
+        errors.append(f"placement_strategy must be one of {list(STRATEGIES)}, got {strategy!r}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+        errors.append(f"placement_timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+    resources = _dict(errors, "role_resources", role_resources)
+    for role, wanted in resources.items():
+        if role not in ROLES:
+            errors.append(f"role_resources has no role {role!r}{closest(str(role), ROLES)}; roles: {list(ROLES)}")
+        elif not isinstance(wanted, dict) or not all(
+                isinstance(k, str) and k not in ("CPU", "GPU") and isinstance(v, (int, float))
+                and not isinstance(v, bool) and v > 0 for k, v in wanted.items()):
+            errors.append(f"role_resources[{role!r}] must map custom resource names (not CPU/GPU, which the engine "
+                          f"sets) to amounts > 0, got {wanted!r}")
+    return {"placement_strategy": strategy, "placement_timeout_s": float(timeout_s) if _number(timeout_s) else 30.0,
+            "role_resources": {r: {k: float(v) for k, v in w.items()} for r, w in resources.items()
+                               if isinstance(w, dict)}}
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _roles(errors: List[str], num_producers: Any, num_proc_per_producer: Any, num_consumer_procs: Any,
            inference_backend: Any, weight_sync: Any, on_producer_failure: Any, n_behind: Any, timeout_s: Any,
-           imc: Dict[str, Any]) -> Roles:
+           imc: Dict[str, Any], placement: Dict[str, Any]) -> Roles:
     np_ = _positive_int(errors, "num_producers", num_producers)
     ppp = _positive_int(errors, "num_proc_per_producer", num_proc_per_producer)
     nc = _positive_int(errors, "num_consumer_procs", num_consumer_procs)
@@ -192,7 +217,7 @@ def _roles(errors: List[str], num_producers: Any, num_proc_per_producer: Any, nu
                           f"with num_proc_per_producer={ppp}; drop it (num_proc_per_producer sets it)")
     return Roles(num_producers=np_, num_proc_per_producer=ppp, num_consumers=nc, inference_backend=inference_backend,
                  weight_sync=weight_sync, on_producer_failure=on_producer_failure, n_behind=n_behind,
-                 timeout_s=float(timeout_s))
+                 timeout_s=float(timeout_s), **placement)
 
 
 def _batches(errors: List[str], roles: Roles, num_episodes: Any, inference_batch_size: Any,
@@ -299,7 +324,8 @@ def build_run_config(
     critic_model_config: Optional[Dict[str, Any]] = None, reward_model_config: Optional[Dict[str, Any]] = None,
     run_dir: Optional[str] = None, resume_from: Optional[str] = None, on_producer_failure: str = "fail",
     timeout_s: float = 300.0, seed: int = 42, progress: bool = True, weight_sync: str = "object_store",
-    **ignored: Any,
+    placement_strategy: str = "PACK", placement_timeout_s: float = 30.0,
+    role_resources: Optional[Dict[str, Dict[str, float]]] = None, **ignored: Any,
 ) -> RunConfig:
     """Checks every launch parameter and the constraints between them; raises one `ConfigError` listing all."""
     errors: List[str] = []
@@ -318,7 +344,8 @@ def build_run_config(
                              "critic_model_config": critic_cfg, "reward_model_config": rm_cfg})
 
     roles = _roles(errors, num_producers, num_proc_per_producer, num_consumer_procs, inference_backend, weight_sync,
-                   on_producer_failure, n_behind, timeout_s, imc)
+                   on_producer_failure, n_behind, timeout_s, imc,
+                   _placement(errors, placement_strategy, placement_timeout_s, role_resources))
     batches = _batches(errors, roles, num_episodes, inference_batch_size, inference_microbatch_size,
                        train_batch_size, train_minibatch_size, num_generations, grpo)
     sampling = _sampling(errors, gen, grpo)

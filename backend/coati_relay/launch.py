@@ -12,7 +12,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from coati_relay.config import build_run_config
 from coati_relay.run_config import RunConfig
@@ -53,22 +53,22 @@ def launch_distributed(**kwargs: Any) -> RunResult:
     return run(cfg)
 
 
-def _resources(cfg: RunConfig) -> Dict[str, Dict[str, Any]]:
-    """Actor options that fit the cluster: GPUs where it has them, else CPU shares that never over-ask."""
+def _place(cfg: RunConfig) -> Tuple[Any, List[Dict[str, Any]]]:
+    """Reserves the roles' placement group (`coati_relay.placement`); returns it and the actor options of each
+    bundle, producers first. Raises `PlacementError` within seconds when the cluster cannot hold a role."""
     import ray
 
-    res = ray.cluster_resources()
-    cpus, gpus = float(res.get("CPU", 1)), float(res.get("GPU", 0))
-    n_actors = cfg.roles.num_producers + cfg.roles.num_consumers
-    cpu_share = max(0.01, min(1.0, cpus / n_actors))
-    if gpus >= cfg.roles.num_producers * cfg.roles.num_proc_per_producer + cfg.roles.num_consumers:
-        return {"producer": {"num_gpus": cfg.roles.num_proc_per_producer, "num_cpus": cpu_share},
-                "consumer": {"num_gpus": 1, "num_cpus": cpu_share}}
-    if gpus:
-        log.warning("the cluster has %g GPUs for %d actors; every role runs on CPU", gpus, n_actors)
-    threads = max(1, int(cpus // n_actors))
+    from coati_relay.placement import actor_options, check_satisfiable, reserve, role_requests
+
+    r = cfg.roles
+    requests = role_requests(r.num_producers, r.num_consumers, r.num_proc_per_producer, ray.cluster_resources(),
+                             r.role_resources)
+    check_satisfiable(requests, ray.nodes(), r.placement_strategy)
+    pg = reserve(requests, r.placement_strategy, r.placement_timeout_s)
+    threads = max(1, int(float(ray.cluster_resources().get("CPU", 1)) // len(requests)))
     env = {"runtime_env": {"env_vars": {**ACTOR_ENV, "OMP_NUM_THREADS": str(threads)}}}
-    return {"producer": {"num_cpus": cpu_share, **env}, "consumer": {"num_cpus": cpu_share, **env}}
+    return pg, [{**actor_options(pg, i, req), **({} if "GPU" in req.resources else env)}
+                for i, req in enumerate(requests)]
 
 
 def _start_state(cfg: RunConfig) -> Dict[str, Any]:
@@ -85,6 +85,7 @@ def _start_state(cfg: RunConfig) -> Dict[str, Any]:
 
 def run(cfg: RunConfig) -> RunResult:
     import ray
+    from ray.util.placement_group import remove_placement_group
 
     from coati_relay.consumer import ConsumerWorker
     from coati_relay.metrics import MetricsLogger, ProgressBar, run_summary
@@ -97,7 +98,8 @@ def run(cfg: RunConfig) -> RunResult:
     start_round = int(start.get("round", 0))
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": ACTOR_ENV})
-    opts = _resources(cfg)
+    pg, opts = _place(cfg)
+    producer_opts, consumer_opts = opts[:cfg.roles.num_producers], opts[cfg.roles.num_producers:]
     cfg.checkpointing.run_dir.mkdir(parents=True, exist_ok=True)
     queue = make_rollout_queue(maxsize=cfg.tasks_per_round * (cfg.roles.n_behind + 1), staleness=cfg.roles.n_behind,
                                total_tasks=cfg.total_rounds * cfg.tasks_per_round,
@@ -106,9 +108,9 @@ def run(cfg: RunConfig) -> RunResult:
     consumer_cls = ray.remote(ConsumerWorker)
     producer_cls = ray.remote(ProducerWorker)
     prefix = f"coati-relay/{cfg.project_name}/{uuid.uuid4().hex[:8]}"  # named, so users can find them in Ray
-    consumers = [consumer_cls.options(name=f"{prefix}/consumer-{r}", **opts["consumer"]).remote(r, cfg, queue, store)
+    consumers = [consumer_cls.options(name=f"{prefix}/consumer-{r}", **consumer_opts[r]).remote(r, cfg, queue, store)
                  for r in range(cfg.roles.num_consumers)]
-    producers = [producer_cls.options(name=f"{prefix}/producer-{i}", **opts["producer"])
+    producers = [producer_cls.options(name=f"{prefix}/producer-{i}", **producer_opts[i])
                  .remote(i, cfg, queue, store, start_round) for i in range(cfg.roles.num_producers)]
     names = {**{c: f"consumer-{r}" for r, c in enumerate(consumers)},
              **{p: f"producer-{i}" for i, p in enumerate(producers)}}
@@ -138,6 +140,7 @@ def run(cfg: RunConfig) -> RunResult:
             ray.kill(actor, no_restart=True)
         ray.kill(queue, no_restart=True)
         ray.kill(store, no_restart=True)
+        remove_placement_group(pg)
     history = results[consumers[0]]
     checkpoints = [h["checkpoint"] for h in history if "checkpoint" in h]
     summary = run_summary(logger.history)

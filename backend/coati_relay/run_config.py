@@ -4,7 +4,7 @@ Sizes are in prompts unless the name says samples or sequences.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
 
@@ -15,8 +15,9 @@ from coati_relay.inference.base import SamplingConfig
 @dataclass(frozen=True)
 class Roles:
     """The actors and how they cooperate: producer and consumer counts, GPUs per producer (vLLM tensor
-    parallelism), the inference backend, how weights travel, what a dead producer means, the staleness bound and
-    the timeout of every blocking wait (seconds)."""
+    parallelism), the inference backend, how weights travel, what a dead producer means, the staleness bound, the
+    timeout of every blocking wait (seconds), and placement (`coati_relay.placement`): the placement group's
+    strategy, how long to wait for its resources, and custom resources per role (``producer``, ``consumer``)."""
 
     num_producers: int
     num_proc_per_producer: int
@@ -26,6 +27,9 @@ class Roles:
     on_producer_failure: str
     n_behind: int
     timeout_s: float
+    placement_strategy: str = "PACK"
+    placement_timeout_s: float = 30.0
+    role_resources: Dict[str, Dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

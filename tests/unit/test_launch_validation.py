@@ -120,6 +120,10 @@ BAD = [
     ("collective-sync-cannot-continue", lambda f: {"weight_sync": "collective", "on_producer_failure": "continue"},
      ["every broadcast"]),
     ("tensor-parallel-producer-on-cpu", lambda f: {"num_proc_per_producer": 2}, ["num_proc_per_producer"]),
+    ("unknown-placement-strategy", lambda f: {"placement_strategy": "pack"}, ["placement_strategy", "PACK"]),
+    ("bad-placement-timeout", lambda f: {"placement_timeout_s": 0}, ["placement_timeout_s"]),
+    ("unknown-role", lambda f: {"role_resources": {"producers": {"x": 1}}}, ["did you mean 'producer'"]),
+    ("role-resource-cpu", lambda f: {"role_resources": {"consumer": {"CPU": 2}}}, ["not CPU/GPU"]),
 ]
 
 

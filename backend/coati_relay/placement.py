@@ -1,0 +1,116 @@
+"""Placement of the roles on the Ray cluster: one placement group, one bundle per producer and consumer.
+
+Each bundle asks for what its role needs: on a cluster with a GPU for every role, a producer takes
+``num_proc_per_producer`` GPUs and a consumer one; otherwise each role takes an equal share of the CPUs (never more
+than the cluster has). ``role_resources`` adds custom resources per role (``{"producer": {"inference_node": 1}}``),
+which pins roles to the nodes that declare them. Before any model loads, `check_satisfiable` refuses a request no
+node can hold, naming the role, the request and what each node has; `reserve` then waits at most
+``placement_timeout_s`` for the resources to be free.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Sequence
+
+log = logging.getLogger(__name__)
+
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+ROLES = ("producer", "consumer")
+
+
+class PlacementError(RuntimeError):
+    """The cluster cannot hold the run's actors (now, or ever); the message says which role and why."""
+
+
+@dataclass(frozen=True)
+class RoleRequest:
+    """role: e.g. ``producer-0``; resources: its bundle (``CPU``, ``GPU`` and custom resources)."""
+
+    role: str
+    resources: Dict[str, float]
+
+
+def role_requests(num_producers: int, num_consumers: int, gpus_per_producer: int,
+                  cluster: Mapping[str, float], role_resources: Mapping[str, Mapping[str, float]]) -> List[RoleRequest]:
+    """The bundles of a run, producers first: GPUs when the cluster has one for every role, else CPU shares."""
+    cpus, gpus = float(cluster.get("CPU", 1)), float(cluster.get("GPU", 0))
+    n = num_producers + num_consumers
+    share = max(0.01, min(1.0, cpus / n))
+    on_gpus = gpus >= num_producers * gpus_per_producer + num_consumers
+    if gpus and not on_gpus:
+        log.warning("the cluster has %g GPUs for %d actors; every role runs on CPU", gpus, n)
+    out = []
+    for role, count, gpu in (("producer", num_producers, gpus_per_producer), ("consumer", num_consumers, 1)):
+        base = {"CPU": share, **({"GPU": float(gpu)} if on_gpus else {})}
+        out += [RoleRequest(f"{role}-{i}", {**base, **role_resources.get(role, {})}) for i in range(count)]
+    return out
+
+
+def _fits(request: Mapping[str, float], capacity: Mapping[str, float]) -> bool:
+    return all(capacity.get(k, 0.0) >= v for k, v in request.items() if v > 0)
+
+
+def _describe(nodes: Sequence[Mapping[str, Any]]) -> str:
+    def totals(node):
+        return {k: v for k, v in node["Resources"].items() if not k.startswith(("node:", "memory", "object_store"))}
+
+    return "; ".join(f"{node.get('NodeManagerAddress', '?')}: {totals(node)}" for node in nodes)
+
+
+def check_satisfiable(requests: Sequence[RoleRequest], nodes: Sequence[Mapping[str, Any]], strategy: str) -> None:
+    """Raises `PlacementError` when no alive node could ever hold some role's bundle (by node totals), or when the
+    bundles together exceed the cluster (or one node, for STRICT_PACK; distinct nodes, for STRICT_SPREAD)."""
+    alive = [n for n in nodes if n.get("Alive", True)]
+    where = (f"the cluster has {len(alive)} node(s): {_describe(alive)}. An autoscaler could add such a node only "
+             f"if this cluster has one configured; otherwise lower the request or add the resource to a node "
+             f"(ray start --resources=...)")
+    for req in requests:
+        if not any(_fits(req.resources, n["Resources"]) for n in alive):
+            raise PlacementError(f"{req.role} asks for {req.resources}, which no node can hold: {where}")
+    totals: Dict[str, float] = {}
+    for n in alive:
+        for k, v in n["Resources"].items():
+            totals[k] = totals.get(k, 0.0) + v
+    need: Dict[str, float] = {}
+    for req in requests:
+        for k, v in req.resources.items():
+            need[k] = need.get(k, 0.0) + v
+    if strategy == "STRICT_PACK" and not any(_fits(need, n["Resources"]) for n in alive):
+        raise PlacementError(f"placement_strategy='STRICT_PACK' puts every role on one node, which needs {need}: "
+                             f"{where}")
+    if strategy == "STRICT_SPREAD" and len(requests) > len(alive):
+        raise PlacementError(f"placement_strategy='STRICT_SPREAD' needs a node per role ({len(requests)} roles): "
+                             f"{where}")
+    short = {k: (v, totals.get(k, 0.0)) for k, v in need.items() if totals.get(k, 0.0) + 1e-9 < v}
+    if short:
+        raise PlacementError(f"the roles together need more than the cluster has (resource: (needed, total)) "
+                             f"{short}: {where}")
+
+
+def reserve(requests: Sequence[RoleRequest], strategy: str, timeout_s: float):
+    """A ready placement group with one bundle per request; `PlacementError` (and nothing reserved) when the
+    resources are not free within ``timeout_s``."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    pg = placement_group([dict(r.resources) for r in requests], strategy=strategy)
+    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(pg)
+        raise PlacementError(f"the roles' resources were not free within placement_timeout_s={timeout_s:g}s "
+                             f"(requests: {[(r.role, r.resources) for r in requests]}; free now: "
+                             f"{ray.available_resources()}); other work holds them: wait for it, or raise "
+                             f"placement_timeout_s")
+    return pg
+
+
+def actor_options(pg: Any, index: int, request: RoleRequest) -> Dict[str, Any]:
+    """Ray actor options that run an actor in bundle ``index`` of ``pg`` with exactly that bundle's resources."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    custom = {k: v for k, v in request.resources.items() if k not in ("CPU", "GPU")}
+    return {"num_cpus": request.resources.get("CPU", 0), "num_gpus": request.resources.get("GPU", 0),
+            **({"resources": custom} if custom else {}),
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg,
+                                                                    placement_group_bundle_index=index)}

@@ -1,0 +1,72 @@
+"""coati_relay.placement: bundles sized from the run, and requests the cluster cannot hold refused before any actor
+starts, with the role, the request and what each node has."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from coati_relay.placement import PlacementError, RoleRequest, check_satisfiable, role_requests
+
+
+def node(ip, **resources):
+    return {"NodeManagerAddress": ip, "Alive": True, "Resources": {"memory": 1e9, f"node:{ip}": 1.0, **resources}}
+
+
+def test_cpu_cluster_gives_every_role_an_equal_cpu_share():
+    reqs = role_requests(2, 2, 1, {"CPU": 2.0}, {})
+    assert [r.role for r in reqs] == ["producer-0", "producer-1", "consumer-0", "consumer-1"]
+    assert all(r.resources == {"CPU": 0.5} for r in reqs)
+    assert role_requests(1, 1, 1, {"CPU": 16.0}, {})[0].resources == {"CPU": 1.0}  # never more than one CPU
+
+
+def test_gpu_cluster_gives_producers_their_tensor_parallel_gpus():
+    reqs = role_requests(2, 2, 2, {"CPU": 16.0, "GPU": 6.0}, {"producer": {"inference": 1.0}})
+    assert reqs[0].resources == {"CPU": 1.0, "GPU": 2.0, "inference": 1.0}
+    assert reqs[3].resources == {"CPU": 1.0, "GPU": 1.0}
+    assert "GPU" not in role_requests(2, 2, 2, {"CPU": 16.0, "GPU": 5.0}, {})[0].resources  # too few: all on CPU
+
+
+def test_a_request_no_node_can_hold_names_the_role_and_the_nodes():
+    nodes = [node("10.0.0.1", CPU=4.0), node("10.0.0.2", CPU=4.0, trainer=1.0)]
+    with pytest.raises(PlacementError) as err:
+        check_satisfiable([RoleRequest("consumer-0", {"CPU": 1.0, "GPU": 1.0})], nodes, "PACK")
+    text = str(err.value)
+    assert "consumer-0 asks for {'CPU': 1.0, 'GPU': 1.0}" in text and "10.0.0.2: {'CPU': 4.0, 'trainer': 1.0}" in text
+    assert "autoscaler" in text
+    check_satisfiable([RoleRequest("consumer-0", {"CPU": 1.0, "trainer": 1.0})], nodes, "PACK")
+
+
+def test_bundles_that_fit_alone_but_not_together_are_refused():
+    nodes = [node("a", CPU=2.0, trainer=1.0), node("b", CPU=2.0)]
+    two = [RoleRequest(f"consumer-{i}", {"CPU": 0.5, "trainer": 1.0}) for i in range(2)]
+    with pytest.raises(PlacementError, match=r"need more than the cluster has.*'trainer': \(2.0, 1.0\)"):
+        check_satisfiable(two, nodes, "PACK")
+    four = [RoleRequest(f"r{i}", {"CPU": 1.0}) for i in range(4)]
+    check_satisfiable(four, nodes, "SPREAD")
+    with pytest.raises(PlacementError, match="STRICT_PACK"):
+        check_satisfiable(four, nodes, "STRICT_PACK")
+    with pytest.raises(PlacementError, match="STRICT_SPREAD"):
+        check_satisfiable(four[:3], nodes, "STRICT_SPREAD")
+    dead = [{**node("c", CPU=64.0), "Alive": False}]
+    with pytest.raises(PlacementError, match="no node can hold"):
+        check_satisfiable([RoleRequest("producer-0", {"CPU": 8.0})], nodes + dead, "PACK")
+
+
+@pytest.mark.slow
+def test_unschedulable_run_fails_in_seconds_naming_the_role(ray_cluster, tiny_model_path, tmp_path):
+    from coati_relay import launch_distributed
+    from coati_relay.toy import write_toy_dataset
+
+    data = write_toy_dataset(tmp_path / "p.jsonl", num_prompts=8)
+    t0 = time.monotonic()
+    with pytest.raises(PlacementError, match=r"producer-0 asks for .*'inference_node': 1.0.*no node can hold"):
+        launch_distributed(
+            num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1, inference_batch_size=4,
+            inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
+            train_dataset_config={"path": str(data), "max_length": 32},
+            inference_model_config={"path": tiny_model_path}, train_model_config={"path": tiny_model_path},
+            generate_config={"max_new_tokens": 4}, grpo_config={}, plugin_config={}, num_generations=2,
+            role_resources={"producer": {"inference_node": 1}}, run_dir=str(tmp_path / "run"), progress=False)
+    assert time.monotonic() - t0 < 30
+    assert not [a for a in ray_cluster.util.list_named_actors(all_namespaces=True) if "coati-relay/" in str(a)]
