@@ -1,6 +1,7 @@
 """coati_relay.rewards: rule-based rewards on crafted strings, the registry, and the reward-model scorer."""
 from __future__ import annotations
 
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -182,3 +183,23 @@ def test_reward_model_accepts_modules_and_rejects_bad_inputs():
         rewards.RewardModelScorer(42)
     with pytest.raises(ValueError, match="needs a tokenizer"):
         scorer.score_texts(["a"])
+
+
+def test_a_reward_that_raises_or_returns_nan_names_itself_and_the_response():
+    from coati_relay.rewards import get_reward_fn
+
+    def flaky(responses, gt_answers, prompts):
+        raise KeyError("answer")
+
+    with pytest.raises(KeyError) as err:
+        get_reward_fn(flaky)(["ok", "no"])
+    if sys.version_info >= (3, 11):  # exception notes (PEP 678)
+        assert any("reward function" in n and "flaky on a batch of 2 responses (the first: 'ok')" in n
+                   for n in err.value.__notes__)
+
+    def nan_on_second(responses, gt_answers, prompts):
+        return [1.0, float("nan"), float("inf")]
+
+    with pytest.raises(ValueError, match=r"returned nan for response 1 of 3 \('b'\) and 1 more; rewards must be "
+                                         r"finite"):
+        get_reward_fn(nan_on_second)(["a", "b", "c"])

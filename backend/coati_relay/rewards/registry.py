@@ -82,7 +82,21 @@ def _checked(fn: Callable, name: str) -> Callable:
         n = len(responses)
         gts = _as_list(gt_answers, n, "gt_answers", None)
         ps = _as_list(prompts, n, "prompts", "")
-        return _as_reward_tensor(fn(list(responses), gts, ps), n, name)
+        try:
+            out = fn(list(responses), gts, ps)
+        except Exception as exc:
+            if hasattr(exc, "add_note"):  # Python >= 3.11: the traceback (and Ray's error) names the reward
+                first = repr(responses[0][:80]) if responses else "none"
+                exc.add_note(f"raised by reward function {name} on a batch of {n} responses (the first: {first})")
+            raise
+        scores = _as_reward_tensor(out, n, name)
+        bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
+        if bad:
+            i = bad[0]
+            raise ValueError(f"reward function {name} returned {scores[i].item()} for response {i} of {n} "
+                             f"({responses[i][:80]!r}){f' and {len(bad) - 1} more' if len(bad) > 1 else ''}; "
+                             f"rewards must be finite numbers")
+        return scores
 
     return reward_fn
 
@@ -92,6 +106,8 @@ def get_reward_fn(name_or_callable: Union[str, Callable]) -> Callable:
 
     The result validates its inputs (``gt_answers``/``prompts`` may be None) and turns the callable's return value
     (Tensor or list of floats) into a float32 CPU tensor of shape [N]; anything else raises TypeError/ValueError.
+    A reward that raises, or returns inf/NaN, stops the run with an error naming the reward and the response (no
+    sample is dropped silently).
     """
     if isinstance(name_or_callable, str):
         if name_or_callable not in _REWARDS:
