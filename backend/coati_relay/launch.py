@@ -61,11 +61,11 @@ def _place(cfg: RunConfig) -> Tuple[Any, List[Dict[str, Any]]]:
     from coati_relay.placement import actor_options, check_satisfiable, reserve, role_requests
 
     r = cfg.roles
-    requests = role_requests(r.num_producers, r.num_consumers, r.num_proc_per_producer, ray.cluster_resources(),
-                             r.role_resources)
+    cluster = ray.cluster_resources()
+    requests = role_requests(r.num_producers, r.num_consumers, r.num_proc_per_producer, cluster, r.role_resources)
     check_satisfiable(requests, ray.nodes(), r.placement_strategy)
     pg = reserve(requests, r.placement_strategy, r.placement_timeout_s)
-    threads = max(1, int(float(ray.cluster_resources().get("CPU", 1)) // len(requests)))
+    threads = max(1, int(float(cluster.get("CPU", 1)) // len(requests)))
     env = {"runtime_env": {"env_vars": {**ACTOR_ENV, "OMP_NUM_THREADS": str(threads)}}}
     return pg, [{**actor_options(pg, i, req), **({} if "GPU" in req.resources else env)}
                 for i, req in enumerate(requests)]
