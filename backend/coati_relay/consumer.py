@@ -21,6 +21,7 @@ import torch
 
 from coati_relay import algorithms as algos
 from coati_relay.logprobs import response_logprobs
+from coati_relay.placement import node_id
 from coati_relay.rollout import Rollout
 from coati_relay.run_config import RunConfig
 
@@ -95,7 +96,8 @@ class ConsumerWorker:
 
                 self.publisher = WeightPublisher(self.store)
             self._publish(self.round)
-        return {"consumer": self.rank, "setup_s": time.perf_counter() - t0, "start_round": self.round}
+        return {"role": f"consumer-{self.rank}", "node": node_id(), "setup_s": time.perf_counter() - t0,
+                "start_round": self.round}
 
     def _publish(self, version: int) -> Dict[str, float]:
         if self.cfg.models.lora:

@@ -45,6 +45,7 @@ class RunResult:
     counters: Dict[str, Any]
     producer_stats: List[Dict[str, Any]] = field(default_factory=list)
     setup_s: float = 0.0
+    nodes: Dict[str, str] = field(default_factory=dict)  # role ("producer-0", "consumer-1") -> Ray node id
 
 
 def launch_distributed(**kwargs: Any) -> RunResult:
@@ -99,29 +100,34 @@ def run(cfg: RunConfig) -> RunResult:
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": ACTOR_ENV})
     pg, opts = _place(cfg)
-    producer_opts, consumer_opts = opts[:cfg.roles.num_producers], opts[cfg.roles.num_producers:]
-    cfg.checkpointing.run_dir.mkdir(parents=True, exist_ok=True)
-    queue = make_rollout_queue(maxsize=cfg.tasks_per_round * (cfg.roles.n_behind + 1), staleness=cfg.roles.n_behind,
-                               total_tasks=cfg.total_rounds * cfg.tasks_per_round,
-                               first_task=start_round * cfg.tasks_per_round)
-    store = make_weight_store()
-    consumer_cls = ray.remote(ConsumerWorker)
-    producer_cls = ray.remote(ProducerWorker)
-    prefix = f"coati-relay/{cfg.project_name}/{uuid.uuid4().hex[:8]}"  # named, so users can find them in Ray
-    consumers = [consumer_cls.options(name=f"{prefix}/consumer-{r}", **consumer_opts[r]).remote(r, cfg, queue, store)
-                 for r in range(cfg.roles.num_consumers)]
-    producers = [producer_cls.options(name=f"{prefix}/producer-{i}", **producer_opts[i])
-                 .remote(i, cfg, queue, store, start_round) for i in range(cfg.roles.num_producers)]
-    names = {**{c: f"consumer-{r}" for r, c in enumerate(consumers)},
-             **{p: f"producer-{i}" for i, p in enumerate(producers)}}
-    supervisor = _Supervisor(cfg, queue, names)
+    started: List[Any] = []  # every actor of this run; all are killed on the way out, whatever the way
     try:
-        addr, port, weight_port = ray.get(consumers[0].rendezvous.remote(), timeout=cfg.roles.timeout_s)
+        producer_opts, consumer_opts = opts[:cfg.roles.num_producers], opts[cfg.roles.num_producers:]
+        cfg.checkpointing.run_dir.mkdir(parents=True, exist_ok=True)
+        prefix = f"coati-relay/{cfg.project_name}/{uuid.uuid4().hex[:8]}"  # named, so users can find them in Ray
+        queue = make_rollout_queue(maxsize=cfg.tasks_per_round * (cfg.roles.n_behind + 1),
+                                   staleness=cfg.roles.n_behind, total_tasks=cfg.total_rounds * cfg.tasks_per_round,
+                                   first_task=start_round * cfg.tasks_per_round, name=f"{prefix}/rollout-queue")
+        store = make_weight_store(name=f"{prefix}/weight-store")
+        started += [queue, store]
+        consumer_cls = ray.remote(ConsumerWorker)
+        producer_cls = ray.remote(ProducerWorker)
+        consumers = [consumer_cls.options(name=f"{prefix}/consumer-{r}", **consumer_opts[r])
+                     .remote(r, cfg, queue, store) for r in range(cfg.roles.num_consumers)]
+        producers = [producer_cls.options(name=f"{prefix}/producer-{i}", **producer_opts[i])
+                     .remote(i, cfg, queue, store, start_round) for i in range(cfg.roles.num_producers)]
+        started += consumers + producers
+        names = {**{c: f"consumer-{r}" for r, c in enumerate(consumers)},
+                 **{p: f"producer-{i}" for i, p in enumerate(producers)}}
+        supervisor = _Supervisor(cfg, queue, names, services={queue: "rollout queue", store: "weight store"})
+        addr, port, weight_port = supervisor.wait_all([consumers[0].rendezvous.remote()], consumers[:1],
+                                                      what="rendezvous")[0]
         setup_refs = ([c.setup.remote(addr, port, weight_port) for c in consumers]
                       + [p.setup.remote(addr, weight_port) for p in producers])
-        supervisor.wait_all(setup_refs, list(names.keys()), what="set-up")
+        setups = supervisor.wait_all(setup_refs, list(names.keys()), what="set-up")
+        nodes = {s["role"]: s["node"] for s in setups}
         setup_s = time.perf_counter() - t_start
-        logger = MetricsLogger(cfg.checkpointing.run_dir)
+        logger = MetricsLogger(cfg.checkpointing.run_dir, drop_after=start_round if start_round else None)
         bar = ProgressBar(cfg.total_rounds, desc=f"{cfg.core_algo} {cfg.project_name}", enabled=cfg.progress)
         run_refs = {c.run.remote(): c for c in consumers}
         run_refs.update({p.run.remote(): p for p in producers})
@@ -134,12 +140,13 @@ def run(cfg: RunConfig) -> RunResult:
         results = supervisor.supervise(run_refs, on_report=on_report)
         train_s = time.perf_counter() - t_start - setup_s
         bar.close()
-        counters = ray.get(queue.counters.remote(), timeout=30)
+        counters = supervisor.counters
+    except KeyboardInterrupt:
+        log.warning("interrupted: stopping the run's %d actors and releasing its placement group", len(started))
+        raise
     finally:
-        for actor in list(names):
+        for actor in started:
             ray.kill(actor, no_restart=True)
-        ray.kill(queue, no_restart=True)
-        ray.kill(store, no_restart=True)
         remove_placement_group(pg)
     history = results[consumers[0]]
     checkpoints = [h["checkpoint"] for h in history if "checkpoint" in h]
@@ -148,26 +155,74 @@ def run(cfg: RunConfig) -> RunResult:
     summary["wall_s"] = train_s  # training only; the log's timestamps are when the driver saw each step
     return RunResult(history=history, checkpoints=checkpoints, run_dir=cfg.checkpointing.run_dir, summary=summary,
                      counters=counters, producer_stats=[results[p] for p in producers if p in results],
-                     setup_s=setup_s)
+                     setup_s=setup_s, nodes=nodes)
 
 
 class _Supervisor:
-    """Waits on actor calls with timeouts, and turns a dead actor into a `RunFailed` that names it."""
+    """Waits on actor calls with timeouts, and turns a dead actor into a `RunFailed` that names it.
 
-    def __init__(self, cfg: RunConfig, queue, names: Dict[Any, str]):
+    Besides the roles' calls it holds a pending ``watch`` call of each service actor (the queue, the weight store):
+    Ray fails that reference when the actor dies, so a dead service is named as the cause, not the role that
+    tripped over it. ``counters`` holds the queue's counters as of the last poll (every second).
+    """
+
+    def __init__(self, cfg: RunConfig, queue, names: Dict[Any, str], services: Dict[Any, str]):
         self.cfg = cfg
         self.queue = queue
         self.names = names
+        self.watch = {actor.watch.remote(): name for actor, name in services.items()}
+        self.counters: Dict[str, Any] = {}
+        self.seen = 0
+
+    def _dead_service(self, timeout_s: float = 0.0) -> Optional[str]:
+        """'the weight store actor died (...)' when a service actor is gone, else None."""
+        import ray
+
+        ready, _ = ray.wait(list(self.watch), num_returns=len(self.watch), timeout=timeout_s)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception as exc:
+                return f"the {self.watch[ref]} actor died ({_short(exc, 300)})"
+            return f"the {self.watch[ref]} actor stopped watching"
+        return None
 
     def _fail(self, message: str) -> None:
         import ray
 
+        dead = self._dead_service(timeout_s=1.0)
+        if dead and not message.startswith(dead):
+            message = f"{dead}; first seen as: {message}"
         try:
             ray.get(self.queue.close.remote(message), timeout=10)
-            counters = ray.get(self.queue.counters.remote(), timeout=10)
-        except Exception:  # the queue itself may be gone; the message matters more
-            counters = {}
-        raise RunFailed(f"{message}; queue counters: {counters}", counters)
+            self.counters = ray.get(self.queue.counters.remote(), timeout=10)
+        except Exception:  # the queue itself may be gone: keep the last counters it gave
+            message += " (queue counters as of its last answer)"
+        raise RunFailed(f"{message}; queue counters: {self.counters}", dict(self.counters))
+
+    def _poll(self, on_report) -> bool:
+        """Reads the new step reports and the counters; True when there were reports."""
+        import ray
+
+        try:
+            reports, self.counters = ray.get(self.queue.progress.remote(self.seen), timeout=30)
+        except ray.exceptions.GetTimeoutError:
+            self._fail("the rollout queue actor did not answer within 30s")
+        except ray.exceptions.RayActorError as exc:
+            self._fail(self._dead_service(timeout_s=1.0) or f"the rollout queue actor died ({_short(exc, 300)})")
+        for rec in reports:
+            on_report(rec)
+        self.seen += len(reports)
+        return bool(reports)
+
+    def _wait_one(self, pending: Dict[Any, Any], timeout_s: float) -> Optional[Any]:
+        """The first finished call of ``pending`` within ``timeout_s`` (None if none); fails on a dead service."""
+        import ray
+
+        ready, _ = ray.wait(list(pending) + list(self.watch), num_returns=1, timeout=timeout_s)
+        if ready and ready[0] in self.watch:
+            self._fail(self._dead_service() or f"the {self.watch[ready[0]]} actor stopped")
+        return ready[0] if ready else None
 
     def wait_all(self, refs: List[Any], actors: List[Any], what: str) -> List[Any]:
         import ray
@@ -176,13 +231,12 @@ class _Supervisor:
         pending = {r: a for r, a in zip(refs, actors)}
         out = []
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(5.0, max(0.1, deadline - time.monotonic())))
-            if not ready:
+            ref = self._wait_one(pending, timeout_s=min(5.0, max(0.1, deadline - time.monotonic())))
+            if ref is None:
                 if time.monotonic() > deadline:
                     self._fail(f"{what} did not finish in time: waiting for "
                                f"{sorted(self.names[a] for a in pending.values())}")
                 continue
-            ref = ready[0]
             actor = pending.pop(ref)
             try:
                 out.append(ray.get(ref))
@@ -194,41 +248,40 @@ class _Supervisor:
         import ray
 
         results: Dict[Any, Any] = {}
-        seen = 0
         pending = dict(run_refs)
         alive_producers = sum(1 for a in pending.values() if self.names[a].startswith("producer"))
         last_progress = time.monotonic()
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
-            reports = ray.get(self.queue.reports.remote(seen), timeout=30)
-            for rec in reports:
-                on_report(rec)
-            if reports:
+            ref = self._wait_one(pending, timeout_s=1.0)
+            if self._poll(on_report):
                 last_progress = time.monotonic()
-            seen += len(reports)
-            if not ready:
+            if ref is None:
                 if time.monotonic() - last_progress > self.cfg.roles.timeout_s + 60:
                     self._fail(f"no training step finished for {self.cfg.roles.timeout_s + 60:.0f}s; "
                                f"still running: {sorted(self.names[a] for a in pending.values())}")
                 continue
-            ref = ready[0]
             actor = pending.pop(ref)
             name = self.names[actor]
             try:
                 results[actor] = ray.get(ref)
             except Exception as exc:
                 may_continue = self.cfg.roles.on_producer_failure == "continue" and alive_producers > 1
-                if name.startswith("producer") and may_continue:
+                if name.startswith("producer") and may_continue and not self._dead_service(timeout_s=1.0):
                     alive_producers -= 1
                     lost = ray.get(self.queue.producer_died.remote(name), timeout=30)
                     log.warning("%s died (%s); its tasks %s go to the other producers", name, _short(exc), lost)
                     continue
                 self._fail(f"{name} died: {_short(exc)}")
-        for rec in ray.get(self.queue.reports.remote(seen), timeout=30):  # posted after the last poll
-            on_report(rec)
+        self._poll(on_report)  # reports posted after the last poll, and the final counters
         return results
 
 
 def _short(exc: BaseException, limit: int = 600) -> str:
-    text = f"{type(exc).__name__}: {exc}"
+    """``Type: message (notes)`` of the exception an actor raised (Ray's wrapper, with its remote traceback, is
+    unwrapped: the traceback is in the actor's log), cut to ``limit`` characters."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        exc = cause
+    notes = "; ".join(str(n) for n in getattr(exc, "__notes__", ()))
+    text = f"{type(exc).__name__}: {exc}" + (f" ({notes})" if notes else "")
     return text if len(text) <= limit else text[:limit] + " ..."

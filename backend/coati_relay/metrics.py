@@ -64,17 +64,36 @@ def read_metrics(run_dir: Union[str, os.PathLike]) -> List[Dict[str, Any]]:
     return records
 
 
+def _step_of(line: str) -> float:
+    """The step of one metrics line; a cut-off line (never a complete step) counts as after every step."""
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return math.inf
+
+
 class MetricsLogger:
     """Appends one JSON line per step to ``run_dir/metrics.jsonl``.
 
-    An existing file is continued (a resumed run); `history` starts with its records.
+    An existing file is continued (a resumed run); `history` starts with its records. ``drop_after``: the step a
+    resumed run restarts from; records of later steps describe work its checkpoint does not hold (the run was
+    killed after them), so they are removed from the file and each step is logged once.
     """
 
-    def __init__(self, run_dir: Union[str, os.PathLike]):
+    def __init__(self, run_dir: Union[str, os.PathLike], drop_after: Optional[int] = None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
         self._history: List[Dict[str, Any]] = read_metrics(self.run_dir) if self.path.is_file() else []
+        if drop_after is not None and any(r["step"] > drop_after for r in self._history):
+            lines = [line for line in self.path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            kept = [line for line in lines if _step_of(line) <= drop_after]
+            logger.warning("%s: dropping %d record(s) after step %d, which the resumed checkpoint does not hold",
+                           self.path, len(lines) - len(kept), drop_after)
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+            os.replace(tmp, self.path)
+            self._history = [r for r in self._history if r["step"] <= drop_after]
 
     @property
     def history(self) -> List[Dict[str, Any]]:

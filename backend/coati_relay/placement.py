@@ -95,7 +95,11 @@ def reserve(requests: Sequence[RoleRequest], strategy: str, timeout_s: float):
     from ray.util.placement_group import placement_group, remove_placement_group
 
     pg = placement_group([dict(r.resources) for r in requests], strategy=strategy)
-    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    try:
+        ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    except BaseException:  # Ctrl-C while waiting: release what was asked for
+        remove_placement_group(pg)
+        raise
     if not ready:
         remove_placement_group(pg)
         raise PlacementError(f"the roles' resources were not free within placement_timeout_s={timeout_s:g}s "
@@ -103,6 +107,13 @@ def reserve(requests: Sequence[RoleRequest], strategy: str, timeout_s: float):
                              f"{ray.available_resources()}); other work holds them: wait for it, or raise "
                              f"placement_timeout_s")
     return pg
+
+
+def node_id() -> str:
+    """The id of the Ray node this process runs on ("" outside Ray): what a role reports as where it ran."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
 
 
 def actor_options(pg: Any, index: int, request: RoleRequest) -> Dict[str, Any]:

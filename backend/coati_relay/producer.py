@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from coati_relay.placement import node_id
 from coati_relay.rollout import Rollout
 from coati_relay.run_config import RunConfig
 
@@ -76,7 +77,8 @@ class ProducerWorker:
         else:
             self.subscriber = WeightSubscriber(self.store, base_weights=base)
         self._load_version(self.start_version, timeout_s=self.cfg.roles.timeout_s)
-        return {"producer": self.name, "setup_s": time.perf_counter() - t0, "backend": cfg.roles.inference_backend}
+        return {"role": self.name, "node": node_id(), "setup_s": time.perf_counter() - t0,
+                "backend": cfg.roles.inference_backend}
 
     # -- weights ---------------------------------------------------------------------------------------------
     def _load_version(self, min_version: int, timeout_s: float) -> None:

@@ -19,11 +19,11 @@ import asyncio
 import collections
 import time
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, List, Optional
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from coati_relay.metrics import ReportLog
 from coati_relay.task_board import TaskBoard
-from coati_relay.waiting import wait_until
+from coati_relay.waiting import until_cancelled, wait_until
 
 
 class QueueClosed(RuntimeError):
@@ -183,6 +183,14 @@ class RolloutQueueActor:
 
     def reports(self, since: int = 0) -> List[Dict[str, Any]]:
         return self.log.since(since)
+
+    def progress(self, since: int = 0) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+        """(the reports posted after the first ``since``, the counters): what the driver polls every second."""
+        return self.log.since(since), self.counters()
+
+    async def watch(self) -> None:
+        """Pending for the actor's life: see `coati_relay.waiting.until_cancelled`."""
+        await until_cancelled()
 
     async def producer_died(self, producer: str) -> List[int]:
         """Drops ``producer``'s entries and puts its tasks back on the board; returns the requeued tasks."""

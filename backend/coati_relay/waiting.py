@@ -27,3 +27,9 @@ async def wait_until(changed: asyncio.Condition, ready: Callable[[], bool], time
                 await asyncio.wait_for(changed.wait(), timeout=left)
             except asyncio.TimeoutError:
                 pass
+
+
+async def until_cancelled() -> None:
+    """Never returns while the actor lives. A driver holds the reference of such a call (an actor's ``watch``):
+    Ray fails that reference as soon as the actor dies, so one `ray.wait` notices the death within a second."""
+    await asyncio.Event().wait()

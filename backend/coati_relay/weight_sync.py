@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from coati_relay.waiting import wait_until
+from coati_relay.waiting import until_cancelled, wait_until
 
 FlatMeta = List[Tuple[str, str, Tuple[int, ...], int, int]]  # name, dtype, shape, offset, numel
 
@@ -90,6 +90,10 @@ class WeightStoreActor:
 
     def latest_version(self) -> Optional[int]:
         return None if self.latest is None else self.latest.version
+
+    async def watch(self) -> None:
+        """Pending for the actor's life: see `coati_relay.waiting.until_cancelled`."""
+        await until_cancelled()
 
 
 def make_weight_store(name: Optional[str] = None, namespace: Optional[str] = None):

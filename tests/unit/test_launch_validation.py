@@ -207,3 +207,19 @@ def test_version_a_task_needs(files):
     assert [cfg.version_needed(t) for t in (0, 3, 4, 9)] == [0, 0, 1, 2]
     stale = build_run_config(**good(files, n_behind=1))
     assert [stale.version_needed(t) for t in (0, 4, 9)] == [-1, 0, 1]
+
+
+def test_actor_errors_are_told_by_their_own_exception_and_notes():
+    from coati_relay.launch import _short
+
+    cause = KeyError("no such answer")
+    cause.add_note("raised by reward function 'r' on a batch of 4 responses")
+
+    class Wrapped(RuntimeError):  # as Ray's RayTaskError: its text is the remote traceback, .cause the exception
+        def __init__(self):
+            super().__init__("Traceback (most recent call last): ..." + "x" * 2000)
+            self.cause = cause
+
+    assert _short(Wrapped()) == ("KeyError: 'no such answer' (raised by reward function 'r' on a batch of 4 "
+                                 "responses)")
+    assert _short(ValueError("v" * 700), limit=20) == "ValueError: vvvvvvvv ..."

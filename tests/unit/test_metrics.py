@@ -57,6 +57,21 @@ def test_logger_continues_an_existing_file(tmp_path):
     assert read_metrics(tmp_path / "metrics.jsonl")[-1]["reward"] == 1.0
 
 
+def test_resumed_logger_drops_the_steps_its_checkpoint_does_not_hold(tmp_path, caplog):
+    first = MetricsLogger(tmp_path)
+    for step in range(1, 6):
+        first.log(step, {"reward": float(step)})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "rew')  # killed while writing step 6
+    with caplog.at_level(logging.WARNING, logger="coati_relay.metrics"):
+        resumed = MetricsLogger(tmp_path, drop_after=4)
+    assert "dropping 2 record(s) after step 4" in caplog.text
+    assert [r["step"] for r in resumed.history] == [1, 2, 3, 4]
+    resumed.log(5, {"reward": 50.0})
+    assert [(r["step"], r["reward"]) for r in read_metrics(tmp_path)][-2:] == [(4, 4.0), (5, 50.0)]
+    assert MetricsLogger(tmp_path, drop_after=5).history == read_metrics(tmp_path), "nothing to drop: unchanged"
+
+
 def test_logger_rejects_bad_input(tmp_path):
     import numpy as np
 

@@ -1,0 +1,156 @@
+"""Faults a long run meets, each with a bound on the time from the fault to the run's error (30 s): a killed
+consumer, queue or weight store, a reward that raises or returns NaN, Ctrl-C, a run killed between checkpoints and
+resumed. After each, the queue's counters still balance: produced == consumed + dropped + in flight."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+from run_helpers import AfterSteps, kill_actor, logged_steps, run_actors, run_kwargs
+
+pytestmark = pytest.mark.slow
+
+FAULT_TO_ERROR_S = 30
+
+
+def small_run(model, data, run_dir, **over):
+    """One producer, one consumer, transformers sampling: the cheapest run that has every role."""
+    return run_kwargs(model, data, run_dir, **{"backend": "transformers", "rounds": 30, "num_producers": 1,
+                                               "num_consumer_procs": 1, **over})
+
+
+def balanced(c) -> bool:
+    return c["produced"] == c["consumed"] + c["dropped"] + c["in_flight"]
+
+
+def run_to_failure(fault, kwargs, after_steps: int = 2):
+    """Starts ``fault`` once ``after_steps`` steps are logged, runs until `RunFailed`; returns (error, seconds from
+    the fault to the error)."""
+    from coati_relay import launch_distributed
+    from coati_relay.launch import RunFailed
+
+    trigger = AfterSteps(kwargs["run_dir"], after_steps, fault)
+    trigger.start()
+    with pytest.raises(RunFailed) as err:
+        launch_distributed(**kwargs)
+    return err.value, trigger.seconds_since_fired()
+
+
+@pytest.mark.parametrize("role,named", [("consumer-1", "consumer-1"), ("rollout-queue", "rollout queue actor died"),
+                                        ("weight-store", "weight store actor died")])
+def test_killed_actor_ends_the_run_naming_it(ray_cluster, tiny_model_path, data, tmp_path, role, named,
+                                             record_property):
+    kwargs = small_run(tiny_model_path, data, tmp_path / role, num_consumer_procs=2, train_batch_size=2,
+                       train_minibatch_size=2, inference_microbatch_size=2)
+    error, seconds = run_to_failure(kill_actor(ray_cluster, role), kwargs)
+    record_property("fault_to_error_s", round(seconds, 2))
+    assert named in str(error)
+    assert seconds < FAULT_TO_ERROR_S, f"{role}: {seconds:.1f}s from the kill to the error"
+    assert error.counters and balanced(error.counters), error.counters
+    assert not run_actors(ray_cluster), "every actor of the failed run is gone"
+
+
+def test_reward_returning_nan_ends_the_run_naming_reward_and_response(ray_cluster, tiny_model_path, data, tmp_path):
+    from coati_relay.rewards.toy_rewards import toy_letter_reward
+
+    calls = {"n": 0}
+
+    def nan_on_third_call(responses, gt_answers, prompts):
+        calls["n"] += 1
+        scores = toy_letter_reward(responses, gt_answers, prompts)
+        return scores * math.nan if calls["n"] == 3 else scores
+
+    kwargs = small_run(tiny_model_path, data, tmp_path / "nan")
+    kwargs["grpo_config"] = {**kwargs["grpo_config"], "reward_fn": nan_on_third_call}
+    from coati_relay import launch_distributed
+    from coati_relay.launch import RunFailed
+
+    with pytest.raises(RunFailed, match=r"producer-0 died: ValueError: reward function .*nan_on_third_call "
+                                        r"returned nan for response 0 of 16 \('.*'\) and 15 more") as err:
+        launch_distributed(**kwargs)
+    assert err.value.counters["consumed"] == 2 and balanced(err.value.counters)
+
+
+def test_reward_that_raises_keeps_its_exception_with_a_note(ray_cluster, tiny_model_path, data, tmp_path):
+    def broken(responses, gt_answers, prompts):
+        raise KeyError("no such answer")
+
+    kwargs = small_run(tiny_model_path, data, tmp_path / "raises")
+    kwargs["grpo_config"] = {**kwargs["grpo_config"], "reward_fn": broken}
+    from coati_relay import launch_distributed
+    from coati_relay.launch import RunFailed
+
+    with pytest.raises(RunFailed, match=r"producer-0 died: KeyError: .no such answer. \(raised by reward function "
+                                        r".*broken "
+                                        r"on a batch of 16 responses"):
+        launch_distributed(**kwargs)
+
+
+CTRL_C_DRIVER = textwrap.dedent("""
+    import logging, sys, ray
+    from coati_relay import launch_distributed
+    logging.basicConfig(level=logging.WARNING)
+    ray.init(address=sys.argv[1], namespace="ctrl-c-driver", log_to_driver=False)
+    launch_distributed(**eval(sys.argv[2]))
+""")
+
+
+def test_ctrl_c_stops_every_actor_and_a_second_run_starts(ray_cluster, tiny_model_path, data, tmp_path):
+    """A real SIGINT to a driver process: the run's actors and placement group are gone within seconds, and the
+    next run on the same cluster trains."""
+    from ray.util.placement_group import placement_group_table
+
+    from coati_relay import launch_distributed
+
+    kwargs = small_run(tiny_model_path, data, tmp_path / "interrupted", project_name="ctrl-c")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    driver = subprocess.Popen([sys.executable, "-c", CTRL_C_DRIVER, ray_cluster.get_runtime_context().gcs_address,
+                               repr(kwargs)], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while logged_steps(tmp_path / "interrupted") < 2 and driver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert run_actors(ray_cluster), "the run's actors were up before the interrupt"
+        driver.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        _, stderr = driver.communicate(timeout=60)
+    finally:
+        driver.kill()
+    assert "KeyboardInterrupt" in stderr and "interrupted: stopping the run's 4 actors" in stderr, stderr[-2000:]
+    while run_actors(ray_cluster) and time.monotonic() - t0 < FAULT_TO_ERROR_S:
+        time.sleep(0.2)
+    assert not run_actors(ray_cluster), f"actors left {time.monotonic() - t0:.1f}s after Ctrl-C"
+    assert all(pg["state"] == "REMOVED" for pg in placement_group_table().values())
+    again = launch_distributed(**{**kwargs, "num_episodes": 1, "run_dir": str(tmp_path / "again")})
+    assert [h["step"] for h in again.history] == [1, 2]
+
+
+def test_run_killed_between_checkpoints_resumes_without_losing_a_step(ray_cluster, tiny_model_path, data, tmp_path):
+    """Killed after step 5 or later with a checkpoint every 4 steps; resumed from the run directory, it redoes the
+    steps after the checkpoint from its state: the log, the step numbers and the optimizer's step count all continue
+    as if never stopped (10 rounds, one optimizer step each)."""
+    from coati_relay import launch_distributed
+    from coati_relay.checkpoint import list_checkpoints
+
+    run_dir = tmp_path / "run"
+    kwargs = small_run(tiny_model_path, data, run_dir, num_episodes=5, save_interval=4)
+    run_to_failure(kill_actor(ray_cluster, "consumer-0"), kwargs, after_steps=5)
+    saved_step = json.loads((list_checkpoints(run_dir)[-1] / "state.json").read_text())["step"]
+    assert saved_step in (4, 8), "the kill lands before the last round"
+    resumed = launch_distributed(**{**kwargs, "resume_from": str(run_dir)})
+    assert [h["step"] for h in resumed.history] == list(range(saved_step + 1, 11))
+    assert resumed.history[0]["rollout_version_min"] == saved_step, "producers start from the checkpoint's weights"
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == \
+        list(range(1, 11)), "each step logged once"
+    adam = torch.load(list_checkpoints(run_dir)[-1] / "policy" / "optimizer.pt", map_location="cpu")
+    steps = {int(s["step"]) for s in adam["state"].values()}
+    assert steps == {10}, f"one optimizer step per round over 10 rounds, got {steps}"
+    assert balanced(resumed.counters) and resumed.counters["consumed"] == 10 - saved_step
