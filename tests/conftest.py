@@ -31,7 +31,7 @@ def ray_cluster():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=8, include_dashboard=False, namespace="coati-relay-tests",
+        ray.init(address="local", num_cpus=8, include_dashboard=False, namespace="coati-relay-tests",
                  log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()

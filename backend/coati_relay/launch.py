@@ -90,6 +90,7 @@ def run(cfg: RunConfig) -> RunResult:
 
     from coati_relay.consumer import ConsumerWorker
     from coati_relay.metrics import MetricsLogger, ProgressBar, run_summary
+    from coati_relay.placement import on_head_node
     from coati_relay.producer import ProducerWorker
     from coati_relay.rollout_queue import make_rollout_queue
     from coati_relay.weight_sync import make_weight_store
@@ -107,8 +108,9 @@ def run(cfg: RunConfig) -> RunResult:
         prefix = f"coati-relay/{cfg.project_name}/{uuid.uuid4().hex[:8]}"  # named, so users can find them in Ray
         queue = make_rollout_queue(maxsize=cfg.tasks_per_round * (cfg.roles.n_behind + 1),
                                    staleness=cfg.roles.n_behind, total_tasks=cfg.total_rounds * cfg.tasks_per_round,
-                                   first_task=start_round * cfg.tasks_per_round, name=f"{prefix}/rollout-queue")
-        store = make_weight_store(name=f"{prefix}/weight-store")
+                                   first_task=start_round * cfg.tasks_per_round, name=f"{prefix}/rollout-queue",
+                                   **on_head_node())
+        store = make_weight_store(name=f"{prefix}/weight-store", **on_head_node())
         started += [queue, store]
         consumer_cls = ray.remote(ConsumerWorker)
         producer_cls = ray.remote(ProducerWorker)

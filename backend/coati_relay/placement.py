@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 ROLES = ("producer", "consumer")
+HEAD_RESOURCE = "node:__internal_head__"  # the resource Ray gives the head node only
 
 
 class PlacementError(RuntimeError):
@@ -107,6 +108,17 @@ def reserve(requests: Sequence[RoleRequest], strategy: str, timeout_s: float):
                              f"{ray.available_resources()}); other work holds them: wait for it, or raise "
                              f"placement_timeout_s")
     return pg
+
+
+def on_head_node() -> Dict[str, Any]:
+    """Actor options that keep a service actor (the rollout queue, the weight store) on the cluster's head node:
+    they hold no model, and a worker node lost mid-run must not take the run's bookkeeping with it (the head going
+    down ends the cluster anyway). Soft: where Ray names no head node, Ray places them."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    heads = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and HEAD_RESOURCE in n.get("Resources", {})]
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(heads[0], soft=True)} if heads else {}
 
 
 def node_id() -> str:

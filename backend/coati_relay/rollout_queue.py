@@ -208,11 +208,12 @@ class RolloutQueueActor:
 
 
 def make_rollout_queue(maxsize: int = 0, staleness: Optional[int] = 0, total_tasks: int = 0, first_task: int = 0,
-                       name: Optional[str] = None, namespace: Optional[str] = None):
-    """Starts a `RolloutQueueActor` (no CPU reserved: it only moves references) and returns its handle."""
+                       name: Optional[str] = None, namespace: Optional[str] = None, **options: Any):
+    """Starts a `RolloutQueueActor` (no CPU reserved: it only moves references) and returns its handle.
+    ``options``: more Ray actor options (e.g. a scheduling strategy)."""
     import ray
 
-    opts: Dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1000}
+    opts: Dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1000, **options}
     if name:
         opts["name"] = name
     if namespace:

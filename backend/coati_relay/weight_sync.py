@@ -96,10 +96,11 @@ class WeightStoreActor:
         await until_cancelled()
 
 
-def make_weight_store(name: Optional[str] = None, namespace: Optional[str] = None):
+def make_weight_store(name: Optional[str] = None, namespace: Optional[str] = None, **options: Any):
+    """Starts a `WeightStoreActor` (no CPU reserved) and returns its handle; ``options``: more Ray actor options."""
     import ray
 
-    opts: Dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1000}
+    opts: Dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1000, **options}
     if name:
         opts["name"] = name
     if namespace:

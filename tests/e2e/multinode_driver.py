@@ -32,7 +32,7 @@ class DeathLog(logging.Handler):
 def start_cluster():
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"head": 1}})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     nodes = {"gen-a": cluster.add_node(num_cpus=1, resources={"gen": 1}),
              "gen-b": cluster.add_node(num_cpus=1, resources={"gen": 1}),
              "train": cluster.add_node(num_cpus=2, resources={"train": 2})}
@@ -56,10 +56,17 @@ def summary(result, nodes):
 
 
 def main(model: str, data: str, run_dir: str, report_path: str) -> None:
+    cluster, nodes = start_cluster()
+    try:
+        run_all(cluster, nodes, model, data, run_dir, report_path)
+    finally:
+        cluster.shutdown()  # also forgets the cluster's address, which a later ray.init() would try to join
+
+
+def run_all(cluster, nodes, model: str, data: str, run_dir: str, report_path: str) -> None:
     import ray
     from ray.util.placement_group import placement_group_table
 
-    cluster, nodes = start_cluster()
     ray.init(address=cluster.address, log_to_driver=False)
     report = {}
     for mode in ("object_store", "collective"):
@@ -84,7 +91,6 @@ def main(model: str, data: str, run_dir: str, report_path: str) -> None:
                                                       else deaths.died_at - removed_at[0])
     Path(report_path).write_text(json.dumps(report, indent=1))
     ray.shutdown()
-    cluster.shutdown()
 
 
 if __name__ == "__main__":

@@ -70,3 +70,11 @@ def test_unschedulable_run_fails_in_seconds_naming_the_role(ray_cluster, tiny_mo
             role_resources={"producer": {"inference_node": 1}}, run_dir=str(tmp_path / "run"), progress=False)
     assert time.monotonic() - t0 < 30
     assert not [a for a in ray_cluster.util.list_named_actors(all_namespaces=True) if "coati-relay/" in str(a)]
+
+
+def test_service_actors_go_to_the_head_node(ray_cluster):
+    from coati_relay.placement import node_id, on_head_node
+
+    strategy = on_head_node()["scheduling_strategy"]
+    assert strategy.node_id == node_id(), "the one node of the test cluster is its head"
+    assert strategy.soft
