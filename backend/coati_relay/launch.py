@@ -59,12 +59,12 @@ def _place(cfg: RunConfig) -> Tuple[Any, List[Dict[str, Any]]]:
     bundle, producers first. Raises `PlacementError` within seconds when the cluster cannot hold a role."""
     import ray
 
-    from coati_relay.placement import actor_options, check_satisfiable, reserve, role_requests
+    from coati_relay.placement import actor_options, autoscaler_configured, check_satisfiable, reserve, role_requests
 
     r = cfg.roles
     cluster = ray.cluster_resources()
     requests = role_requests(r.num_producers, r.num_consumers, r.num_proc_per_producer, cluster, r.role_resources)
-    check_satisfiable(requests, ray.nodes(), r.placement_strategy)
+    check_satisfiable(requests, ray.nodes(), r.placement_strategy, autoscaler_configured())
     pg = reserve(requests, r.placement_strategy, r.placement_timeout_s)
     threads = max(1, int(float(cluster.get("CPU", 1)) // len(requests)))
     env = {"runtime_env": {"env_vars": {**ACTOR_ENV, "OMP_NUM_THREADS": str(threads)}}}

@@ -4,20 +4,24 @@ Each bundle asks for what its role needs: on a cluster with a GPU for every role
 ``num_proc_per_producer`` GPUs and a consumer one; otherwise each role takes an equal share of the CPUs (never more
 than the cluster has). ``role_resources`` adds custom resources per role (``{"producer": {"inference_node": 1}}``),
 which pins roles to the nodes that declare them. Before any model loads, `check_satisfiable` refuses a request no
-node can hold, naming the role, the request and what each node has; `reserve` then waits at most
+node can hold, naming the role, the request, what each node has and whether an autoscaler could add a node (where
+the cluster has one, the shortfall only warns: the autoscaler may add the nodes); `reserve` then waits at most
 ``placement_timeout_s`` for the resources to be free.
 """
 from __future__ import annotations
 
+import json
 import logging
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 ROLES = ("producer", "consumer")
 HEAD_RESOURCE = "node:__internal_head__"  # the resource Ray gives the head node only
+AUTOSCALING_STATUS_KEY = "__autoscaling_status"  # where Ray's monitor writes its status (ray_constants)
 
 
 class PlacementError(RuntimeError):
@@ -59,34 +63,56 @@ def _describe(nodes: Sequence[Mapping[str, Any]]) -> str:
     return "; ".join(f"{node.get('NodeManagerAddress', '?')}: {totals(node)}" for node in nodes)
 
 
-def check_satisfiable(requests: Sequence[RoleRequest], nodes: Sequence[Mapping[str, Any]], strategy: str) -> None:
+def autoscaler_configured() -> Optional[bool]:
+    """Whether the cluster's autoscaler can add nodes, from the status Ray's monitor writes: True when it names a
+    node type of an autoscaling config, False when every node has the anonymous type (``node_<id>``) of the
+    read-only provider every plain ``ray start``/``ray.init`` cluster runs, None when there is no such status (an
+    unknown set-up)."""
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_initialized
+
+    if not _internal_kv_initialized():
+        return None
+    raw = _internal_kv_get(AUTOSCALING_STATUS_KEY)
+    try:
+        types = json.loads(raw)["autoscaler_report"]["node_type_mapping"] if raw else None
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(types, dict):
+        return None
+    return any(kind != f"node_{node}" for node, kind in types.items())
+
+
+def check_satisfiable(requests: Sequence[RoleRequest], nodes: Sequence[Mapping[str, Any]], strategy: str,
+                      autoscaler: Optional[bool] = False) -> None:
     """Raises `PlacementError` when no alive node could ever hold some role's bundle (by node totals), or when the
-    bundles together exceed the cluster (or one node, for STRICT_PACK; distinct nodes, for STRICT_SPREAD)."""
+    bundles together exceed the cluster (or one node, for STRICT_PACK; distinct nodes, for STRICT_SPREAD).
+
+    With ``autoscaler=True`` (see `autoscaler_configured`) a shortfall only warns: the autoscaler may add the nodes
+    while `reserve` waits ``placement_timeout_s``.
+    """
     alive = [n for n in nodes if n.get("Alive", True)]
-    where = (f"the cluster has {len(alive)} node(s): {_describe(alive)}. An autoscaler could add such a node only "
-             f"if this cluster has one configured; otherwise lower the request or add the resource to a node "
-             f"(ray start --resources=...)")
-    for req in requests:
-        if not any(_fits(req.resources, n["Resources"]) for n in alive):
-            raise PlacementError(f"{req.role} asks for {req.resources}, which no node can hold: {where}")
-    totals: Dict[str, float] = {}
-    for n in alive:
-        for k, v in n["Resources"].items():
-            totals[k] = totals.get(k, 0.0) + v
-    need: Dict[str, float] = {}
-    for req in requests:
-        for k, v in req.resources.items():
-            need[k] = need.get(k, 0.0) + v
+    scaler = {True: "This cluster's autoscaler may add such a node",
+              False: "This cluster has no autoscaler to add such a node",
+              None: "An autoscaler could add such a node only if this cluster has one configured"}[autoscaler]
+    where = (f"the cluster has {len(alive)} node(s): {_describe(alive)}. {scaler}; otherwise lower the request or "
+             f"add the resource to a node (ray start --resources=...)")
+    problems = [f"{req.role} asks for {req.resources}, which no node can hold" for req in requests
+                if not any(_fits(req.resources, n["Resources"]) for n in alive)]
+    totals: Counter = sum((Counter(n["Resources"]) for n in alive), Counter())
+    need: Counter = sum((Counter(req.resources) for req in requests), Counter())
     if strategy == "STRICT_PACK" and not any(_fits(need, n["Resources"]) for n in alive):
-        raise PlacementError(f"placement_strategy='STRICT_PACK' puts every role on one node, which needs {need}: "
-                             f"{where}")
+        problems.append(f"placement_strategy='STRICT_PACK' puts every role on one node, which needs {dict(need)}")
     if strategy == "STRICT_SPREAD" and len(requests) > len(alive):
-        raise PlacementError(f"placement_strategy='STRICT_SPREAD' needs a node per role ({len(requests)} roles): "
-                             f"{where}")
+        problems.append(f"placement_strategy='STRICT_SPREAD' needs a node per role ({len(requests)} roles)")
     short = {k: (v, totals.get(k, 0.0)) for k, v in need.items() if totals.get(k, 0.0) + 1e-9 < v}
-    if short:
-        raise PlacementError(f"the roles together need more than the cluster has (resource: (needed, total)) "
-                             f"{short}: {where}")
+    if short and not problems:
+        problems.append(f"the roles together need more than the cluster has (resource: (needed, total)) {short}")
+    if not problems:
+        return
+    if autoscaler:
+        log.warning("%s: %s; waiting for it up to placement_timeout_s", problems[0], where)
+        return
+    raise PlacementError(f"{problems[0]}: {where}")
 
 
 def reserve(requests: Sequence[RoleRequest], strategy: str, timeout_s: float):

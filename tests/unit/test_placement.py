@@ -60,7 +60,8 @@ def test_unschedulable_run_fails_in_seconds_naming_the_role(ray_cluster, tiny_mo
 
     data = write_toy_dataset(tmp_path / "p.jsonl", num_prompts=8)
     t0 = time.monotonic()
-    with pytest.raises(PlacementError, match=r"producer-0 asks for .*'inference_node': 1.0.*no node can hold"):
+    with pytest.raises(PlacementError, match=r"producer-0 asks for .*'inference_node': 1.0.*no node can hold.*"
+                                             r"This cluster has no autoscaler to add such a node"):
         launch_distributed(
             num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1, inference_batch_size=4,
             inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
@@ -78,3 +79,31 @@ def test_service_actors_go_to_the_head_node(ray_cluster):
     strategy = on_head_node()["scheduling_strategy"]
     assert strategy.node_id == node_id(), "the one node of the test cluster is its head"
     assert strategy.soft
+
+
+def test_with_an_autoscaler_a_shortfall_warns_and_waits(caplog):
+    nodes = [node("10.0.0.1", CPU=4.0)]
+    gpu = [RoleRequest("consumer-0", {"CPU": 1.0, "GPU": 1.0})]
+    with pytest.raises(PlacementError, match="This cluster has no autoscaler to add such a node"):
+        check_satisfiable(gpu, nodes, "PACK", autoscaler=False)
+    with caplog.at_level("WARNING", logger="coati_relay.placement"):
+        check_satisfiable(gpu, nodes, "PACK", autoscaler=True)
+    assert "consumer-0 asks for {'CPU': 1.0, 'GPU': 1.0}" in caplog.text and "autoscaler may add" in caplog.text
+
+
+def test_autoscaler_detection_reads_the_monitor_status(ray_cluster, monkeypatch):
+    import json
+
+    from ray.experimental import internal_kv
+
+    from coati_relay import placement
+
+    assert placement.autoscaler_configured() in (False, None), "a local ray.init cluster has no node provider"
+
+    def status(mapping):
+        return json.dumps({"load_metrics_report": {}, "autoscaler_report": {"node_type_mapping": mapping}}).encode()
+
+    for raw, expected in [(status({"ab12": "node_ab12"}), False), (status({"ab12": "gpu-worker"}), True),
+                          (b'{"load_metrics_report": {}}', None), (None, None), (b"{cut", None)]:
+        monkeypatch.setattr(internal_kv, "_internal_kv_get", lambda key, raw=raw: raw)
+        assert placement.autoscaler_configured() is expected, raw
