@@ -57,7 +57,7 @@ def test_checkpoint_then_resume_loses_no_step(ray_cluster, tiny_model_path, data
     assert first.history[-1]["step"] == resumed.history[-1]["step"]
 
 
-def test_killed_producer_ends_the_run_naming_it(ray_cluster, tiny_model_path, data, tmp_path):
+def test_killed_producer_ends_the_run_naming_it(ray_cluster, tiny_model_path, data, tmp_path, record_property):
     from coati_relay import launch_distributed
     from coati_relay.launch import RunFailed
 
@@ -67,6 +67,7 @@ def test_killed_producer_ends_the_run_naming_it(ray_cluster, tiny_model_path, da
         launch_distributed(**run_kwargs(tiny_model_path, data, tmp_path / "fail", backend="transformers",
                                         rounds=30))
     assert killer.seconds_since_fired() < 30
+    record_property("fault_to_error_s", round(killer.seconds_since_fired(), 2))
     c = err.value.counters
     assert c["produced"] == c["consumed"] + c["dropped"] + c["in_flight"]
 

@@ -90,8 +90,9 @@ def test_reward_that_raises_keeps_its_exception_with_a_note(ray_cluster, tiny_mo
 
     with pytest.raises(RunFailed, match=r"producer-0 died: KeyError: .no such answer. \(raised by reward function "
                                         r".*broken "
-                                        r"on a batch of 16 responses"):
+                                        r"on a batch of 16 responses") as err:
         launch_distributed(**kwargs)
+    assert err.value.counters["produced"] == 0 and balanced(err.value.counters)
 
 
 CTRL_C_DRIVER = textwrap.dedent("""
@@ -103,7 +104,8 @@ CTRL_C_DRIVER = textwrap.dedent("""
 """)
 
 
-def test_ctrl_c_stops_every_actor_and_a_second_run_starts(ray_cluster, tiny_model_path, data, tmp_path):
+def test_ctrl_c_stops_every_actor_and_a_second_run_starts(ray_cluster, tiny_model_path, data, tmp_path,
+                                                          record_property):
     """A real SIGINT to a driver process: the run's actors and placement group are gone within seconds, and the
     next run on the same cluster trains."""
     from ray.util.placement_group import placement_group_table
@@ -128,6 +130,7 @@ def test_ctrl_c_stops_every_actor_and_a_second_run_starts(ray_cluster, tiny_mode
     while run_actors(ray_cluster) and time.monotonic() - t0 < FAULT_TO_ERROR_S:
         time.sleep(0.2)
     assert not run_actors(ray_cluster), f"actors left {time.monotonic() - t0:.1f}s after Ctrl-C"
+    record_property("interrupt_to_no_actor_s", round(time.monotonic() - t0, 2))
     assert all(pg["state"] == "REMOVED" for pg in placement_group_table().values())
     again = launch_distributed(**{**kwargs, "num_episodes": 1, "run_dir": str(tmp_path / "again")})
     assert [h["step"] for h in again.history] == [1, 2]
