@@ -139,9 +139,10 @@ def _env_infos(n: int, port: int) -> List[Dict[str, str]]:
 
 def run_legacy_ppo(model_path: str, csv_path: str, run_dir: str, num_makers: int = 1, num_trainers: int = 1,
                    steps: int = 100, lr: float = 5e-3, batch_size: int = 16, kl_coef: float = 0.1,
-                   seed: int = 0) -> Dict[str, Any]:
+                   seed: int = 0, sampler: str = "auto") -> Dict[str, Any]:
     """Legacy-API PPO on the toy task: ``steps`` training steps of ``batch_size`` samples per trainer, a weight push
-    after each (``update_steps=1``), the legacy ``kl_coef``. Uses the running Ray session, or starts (and stops) one.
+    after each (``update_steps=1``), the legacy ``kl_coef``; ``sampler`` is the makers' (``"legacy"``: the old loop).
+    Uses the running Ray session, or starts (and stops) one.
 
     Returns ``{"history": [{"step", "time", "reward", "shaped_reward", "actor_loss", "critic_loss", "loss",
     "weight_sync_s", "samples_per_s"}], "warnings": [FutureWarning messages], "wall_s": float}``; the history (of the
@@ -196,7 +197,7 @@ def run_legacy_ppo(model_path: str, csv_path: str, run_dir: str, num_makers: int
                     strategy_fn=partial(utils.get_strategy_from_args, "naive"),
                     model_fn=partial(_maker_models, model_path, seed + i), env_info=maker_envs[i], kl_coef=kl_coef,
                     max_length=_PROMPT_TOKENS + _NEW_TOKENS, do_sample=True, temperature=1.0, top_k=50,
-                    pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id))
+                    pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, sampler=sampler))
             trainer_strategy = "naive" if num_trainers == 1 else "ddp"
             for i, name in enumerate(trainers):
                 targets = utils.get_receivers_per_sender(i, num_trainers, num_makers, allow_idle_sender=True)

@@ -13,7 +13,7 @@ Steps 6 and 7 are ``coati_compat.legacy.ppo_shaping.legacy_kl_shaped_reward`` an
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 from torch import nn
@@ -40,6 +40,8 @@ class ExperienceMaker(ABC):
         self.reward_model = reward_model
         self.initial_model = initial_model
         self.kl_coef = float(kl_coef)
+        # Non-legacy: what samples, with ``Actor.generate``'s signature and return (None: the actor's legacy loop).
+        self.sample_fn: Optional[Callable[..., Tuple[torch.Tensor, Any, Any]]] = None
 
     @abstractmethod
     def make_experience(self, input_ids: torch.Tensor, **generate_kwargs: Any) -> Experience:
@@ -54,8 +56,8 @@ class NaiveExperienceMaker(ExperienceMaker):
     def make_experience(self, input_ids: torch.Tensor, **generate_kwargs: Any) -> Experience:
         for model in (self.actor, self.critic, self.reward_model, self.initial_model):
             model.eval()
-        sequences, attention_mask, action_mask = self.actor.generate(input_ids, return_action_mask=True,
-                                                                     **generate_kwargs)
+        sample = self.sample_fn or self.actor.generate
+        sequences, attention_mask, action_mask = sample(input_ids, return_action_mask=True, **generate_kwargs)
         return self.experience_from_sequences(sequences, attention_mask, action_mask)
 
     @torch.no_grad()

@@ -58,6 +58,25 @@ def _all_finished(unfinished: torch.Tensor) -> bool:
     return remaining.item() == 0
 
 
+def check_generate_args(max_length: Any, num_beams: int, do_sample: bool, eos_token_id: Optional[int],
+                        pad_token_id: Optional[int], model_kwargs: dict) -> Optional[torch.Tensor]:
+    """Refuses what the legacy loop cannot do; pops the attention mask [B,P] (returned) and the legacy hooks out of
+    ``model_kwargs`` and warns about what is left (ignored, as the legacy hooks ignored it)."""
+    if num_beams != 1 or not do_sample:
+        raise NotImplementedError("the legacy generate samples only (do_sample=True, num_beams=1); got "
+                                  f"do_sample={do_sample}, num_beams={num_beams}")
+    if eos_token_id is not None and pad_token_id is None:
+        raise ValueError("generate needs pad_token_id when eos_token_id is set (finished rows are padded)")
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"max_length must be a positive int (prompt plus response tokens), got {max_length!r}")
+    attention_mask = model_kwargs.pop("attention_mask", None)
+    for hook in _HOOKS:
+        model_kwargs.pop(hook, None)
+    if model_kwargs:
+        logger.warning("legacy generate ignores the keywords %s", sorted(model_kwargs))
+    return attention_mask
+
+
 @deprecated_api("coati.models.generation.generate")
 @torch.no_grad()
 def generate(model: nn.Module, input_ids: torch.Tensor, max_length: int, num_beams: int = 1, do_sample: bool = True,
@@ -69,18 +88,7 @@ def generate(model: nn.Module, input_ids: torch.Tensor, max_length: int, num_bea
     ``attention_mask`` [B,P] may be passed among the keywords (default: attend to every prompt token).
     Returns sequences [B,S] with P <= S <= max_length.
     """
-    if num_beams != 1 or not do_sample:
-        raise NotImplementedError("the legacy generate samples only (do_sample=True, num_beams=1); got "
-                                  f"do_sample={do_sample}, num_beams={num_beams}")
-    if eos_token_id is not None and pad_token_id is None:
-        raise ValueError("generate needs pad_token_id when eos_token_id is set (finished rows are padded)")
-    if not isinstance(max_length, int) or max_length < 1:
-        raise ValueError(f"max_length must be a positive int (prompt plus response tokens), got {max_length!r}")
-    attention_mask = model_kwargs.pop("attention_mask", None)
-    for hook in _HOOKS:
-        model_kwargs.pop(hook, None)
-    if model_kwargs:
-        logger.warning("legacy generate ignores the keywords %s", sorted(model_kwargs))
+    attention_mask = check_generate_args(max_length, num_beams, do_sample, eos_token_id, pad_token_id, model_kwargs)
     if input_ids.size(1) >= max_length:
         return input_ids
     processors = _logits_processors(top_k, top_p, temperature)

@@ -60,18 +60,28 @@ class Actor(LoRAModule):
         action_mask [B,S-P] or None)``: the attention mask is ``sequences != pad_token_id`` (None without a pad
         id); the action mask is True up to and including the first EOS of the generated span.
         """
-        from coati_compat.legacy.generation import action_mask_after_prompt, generate
+        from coati_compat.legacy.generation import generate
 
         sequences = generate(self.model, input_ids, **kwargs)
-        pad_token_id = kwargs.get("pad_token_id")
-        attention_mask = None if pad_token_id is None else sequences.ne(pad_token_id).long()
-        if not return_action_mask:
-            return sequences, attention_mask, None
-        action_mask = action_mask_after_prompt(sequences, input_ids.size(1), kwargs.get("eos_token_id"))
-        return sequences, attention_mask, action_mask
+        return generated_masks(sequences, input_ids.size(1), kwargs.get("pad_token_id"), kwargs.get("eos_token_id"),
+                               return_action_mask)
 
     def get_base_model(self) -> nn.Module:
         return self.model
+
+
+def generated_masks(sequences: torch.Tensor, input_len: int, pad_token_id: Optional[int], eos_token_id: Optional[int],
+                    return_action_mask: bool = True
+                    ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """``(sequences [B,S], attention_mask [B,S] or None, action_mask [B,S-input_len] or None)`` as the legacy
+    ``Actor.generate`` returns them: attention where ``sequences != pad_token_id`` (None without a pad id), actions up
+    to and including the first EOS of the generated span."""
+    from coati_compat.legacy.generation import action_mask_after_prompt
+
+    attention_mask = None if pad_token_id is None else sequences.ne(pad_token_id).long()
+    if not return_action_mask:
+        return sequences, attention_mask, None
+    return sequences, attention_mask, action_mask_after_prompt(sequences, input_len, eos_token_id)
 
 
 def _value_head(hidden_size: int, std: Optional[float] = None) -> nn.Linear:

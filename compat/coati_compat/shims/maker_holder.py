@@ -28,6 +28,7 @@ from coati_compat.legacy.experience import Experience, split_experience_batch
 from coati_compat.legacy.experience_maker import NaiveExperienceMaker
 from coati_compat.legacy.lora import LoRAConstructor
 from coati_compat.legacy.ray_utils import get_model_numel, set_dist_env
+from coati_compat.shims.maker_sampler import EngineSampler, resolve_sampler
 from coati_compat.shims.remote import (
     LegacyActorBase,
     enable_debug_logging,
@@ -73,8 +74,11 @@ def load_pushed_state(module: torch.nn.Module, state_dict: Dict[str, torch.Tenso
 
 
 class ExperienceMakerHolderImpl(LegacyActorBase):
-    """The legacy maker (legacy_spec §A.5). Non-legacy keyword: ``wait_timeout_s`` bounds the wait for the initial
-    sync and for the trainers to take the items. Every other unknown keyword becomes a generate keyword."""
+    """The legacy maker (legacy_spec §A.5). Non-legacy keywords: ``wait_timeout_s`` bounds the wait for the initial
+    sync and for the trainers to take the items; ``sampler`` picks what samples: ``"auto"`` (vLLM where it runs the
+    actor's architecture, transformers otherwise), ``"vllm"``, ``"transformers"``, or ``"legacy"``, the legacy
+    token-by-token loop, for exact reproduction of old runs (`coati_compat.shims.maker_sampler`). Every other unknown
+    keyword becomes a generate keyword."""
 
     _legacy_name = "coati.ray.experience_maker_holder.ExperienceMakerHolder"
 
@@ -83,7 +87,7 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
                  sync_models_from_trainers: bool = False, buffer_cpu_offload: bool = True, kl_coef: float = 0.1,
                  callbacks: Optional[List[MakerCallback]] = None, eval_performance: bool = False,
                  debug: bool = False, update_lora_weights: bool = False, wait_timeout_s: float = 1800.0,
-                 **generate_kwargs: Any) -> None:
+                 sampler: str = "auto", **generate_kwargs: Any) -> None:
         if env_info:
             set_dist_env(env_info)
         if isinstance(detached_trainer_name_list, str) or not detached_trainer_name_list:
@@ -106,6 +110,11 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
         actor, critic, reward_model, initial_model = self.strategy.prepare(actor, critic, reward_model,
                                                                            initial_model)
         self.experience_maker = NaiveExperienceMaker(actor, critic, reward_model, initial_model, kl_coef=kl_coef)
+        self.sampler_kind = resolve_sampler(sampler, self._actor_model())
+        self._sampler: Optional[EngineSampler] = None
+        if self.sampler_kind != "legacy":
+            self._sampler = EngineSampler(self.sampler_kind, seed=torch.initial_seed() % 2 ** 31)
+            self.experience_maker.sample_fn = self._sample_with_engine
         self._model_visit_lock = threading.Lock()  # held by one generation or one shard load at a time
         self._pushes = threading.Condition()  # guards _open_pushes; generation starts only when it is 0
         self._open_pushes = 0
@@ -130,6 +139,16 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
             if key not in out and hasattr(model, attr):
                 out[key] = getattr(model, attr)
         return out
+
+    # -- sampling ------------------------------------------------------------------------------------------------
+    def _actor_model(self) -> torch.nn.Module:
+        """The actor's Hugging Face model (``Actor.model``), the one pushes load into."""
+        return self.strategy.unwrap_model(self.experience_maker.actor)
+
+    def _sample_with_engine(self, input_ids: torch.Tensor, return_action_mask: bool = True, **kwargs: Any):
+        """``Actor.generate`` on the engine sampler, with the weights of the last completed push."""
+        return self._sampler.generate(self._actor_model(), self.weight_version, input_ids, return_action_mask,
+                                      **kwargs)
 
     # -- trainers ------------------------------------------------------------------------------------------------
     def update_target_trainer_list(self) -> None:
