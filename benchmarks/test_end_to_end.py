@@ -7,11 +7,12 @@
   producer (vLLM), one consumer with a critic, the same prompts (CSV), samples per step, new tokens, top-k,
   learning rate and KL coefficient.
 
-Each side runs ``STEPS`` training steps of ``BATCH`` samples, every step followed by a weight push to the sampler.
-The figures come from each run's ``metrics.jsonl`` after the first step (start-up and warm-up excluded):
-``s_per_step``, ``samples_per_s`` and ``weight_sync_s_per_step`` (legacy: the trainer's push to the maker; engine:
-publish plus the producer's load). ``make bench`` runs the medium model (h512-l8, 17.6M parameters); the smoke run
-of ``make test`` the tiny one, for two steps.
+Each side runs the same number of steps of ``BATCH`` samples, every step followed by a weight push to the sampler.
+The figures are taken after the first step (start-up and warm-up excluded), on the trainer's clock (legacy: time
+between the ends of two training steps; engine: the consumer's ``round_s``, from taking a round's rollouts to having
+published the next weights): ``s_per_step``, ``samples_per_s`` and ``weight_sync_s_per_step`` (legacy: the
+trainer's push to the maker; engine: publish plus the producer's load). ``make bench`` runs the medium model
+(h512-l8, 17.6M parameters) for 8 steps; the smoke run of ``make test`` the tiny one, for 3.
 """
 from __future__ import annotations
 
@@ -34,14 +35,14 @@ def setting(request, tiny_model_path, medium_model_path, tmp_path_factory):
     return model, steps, str(path), f"end to end PPO ({size}, {steps} steps of {BATCH} samples)"
 
 
-def _figures(records, work) -> None:
-    """Per-step figures after the first step into ``work``; checks every step trained to finite losses."""
+def _figures(records, seconds, benchmark, work) -> None:
+    """Per-step figures after the first step into ``extra_info``; checks every step trained to finite losses.
+    seconds: each step's duration after the first."""
     assert all(math.isfinite(r["loss"]) for r in records), [r["loss"] for r in records]
-    later = records[1:]
-    span = later[-1]["time"] - records[0]["time"]
-    work["s_per_step"] = span / len(later)
-    work["samples_per_s"] = BATCH * len(later) / span
-    work["weight_sync_s_per_step"] = sum(r["weight_sync_s"] for r in later) / len(later)
+    work["steps"] = len(records)
+    s_per_step = sum(seconds) / len(seconds)
+    benchmark.extra_info.update({"s_per_step": s_per_step, "samples_per_s": BATCH / s_per_step,
+                                 "weight_sync_s_per_step": sum(r["weight_sync_s"] for r in records[1:]) / len(seconds)})
 
 
 @pytest.mark.parametrize("sampler", ["legacy", "vllm"])
@@ -53,18 +54,18 @@ def test_legacy_api_run(benchmark, work, ray_session, setting, tmp_path, sampler
                              kwargs=dict(steps=steps, lr=LR, batch_size=BATCH, kl_coef=KL_COEF, sampler=sampler),
                              rounds=1, iterations=1)
     assert [r["step"] for r in run["history"]] == list(range(1, steps + 1))
-    _figures(run["history"], work)
+    times = [r["time"] for r in run["history"]]  # the trainer's clock at the end of each step
+    _figures(run["history"], [b - a for a, b in zip(times, times[1:])], benchmark, work)
 
 
 def test_migrated_engine_run(benchmark, work, ray_session, setting, tmp_path):
     from coati_relay import launch_distributed
-    from coati_relay.metrics import read_metrics
 
     model, steps, prompts, benchmark.group = setting
     kwargs = dict(
         num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=steps,
         inference_batch_size=BATCH, inference_microbatch_size=BATCH, train_batch_size=BATCH,
-        train_minibatch_size=BATCH, train_microbatch_size=BATCH, num_generations=1, core_algo="PPO",
+        train_minibatch_size=BATCH, num_generations=1, core_algo="PPO",
         train_dataset_config={"path": prompts, "max_length": PROMPT_TOKENS},
         inference_model_config={"path": model}, train_model_config={"path": model},
         critic_model_config={"path": model},
@@ -74,4 +75,4 @@ def test_migrated_engine_run(benchmark, work, ray_session, setting, tmp_path):
         save_interval=10 ** 6, progress=False, timeout_s=600, project_name="e2e-bench")
     result = benchmark.pedantic(launch_distributed, kwargs=kwargs, rounds=1, iterations=1)
     assert [h["step"] for h in result.history] == list(range(1, steps + 1))
-    _figures(read_metrics(tmp_path / "run"), work)
+    _figures(result.history, [h["round_s"] for h in result.history[1:]], benchmark, work)  # the consumer's clock
