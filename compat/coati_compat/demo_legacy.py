@@ -139,9 +139,9 @@ def _env_infos(n: int, port: int) -> List[Dict[str, str]]:
 
 def run_legacy_ppo(model_path: str, csv_path: str, run_dir: str, num_makers: int = 1, num_trainers: int = 1,
                    steps: int = 100, lr: float = 5e-3, batch_size: int = 16, kl_coef: float = 0.1,
-                   seed: int = 0, sampler: str = "auto") -> Dict[str, Any]:
+                   seed: int = 0, sampler: Optional[str] = None) -> Dict[str, Any]:
     """Legacy-API PPO on the toy task: ``steps`` training steps of ``batch_size`` samples per trainer, a weight push
-    after each (``update_steps=1``), the legacy ``kl_coef``; ``sampler`` is the makers' (``"legacy"``: the old loop).
+    after each (``update_steps=1``), the legacy ``kl_coef``; ``sampler`` is the makers' (None: the maker's default).
     Uses the running Ray session, or starts (and stops) one.
 
     Returns ``{"history": [{"step", "time", "reward", "shaped_reward", "actor_loss", "critic_loss", "loss",

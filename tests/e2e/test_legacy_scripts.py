@@ -95,10 +95,12 @@ def test_many_roles_half_models_train_to_finite_moved_weights(llama_path, prompt
 
 
 def test_many_roles_lora_pushes_adapters(llama_path, prompts, tmp_path):
+    """With vLLM makers (chosen for the unchanged script by $COATI_RELAY_MAKER_SAMPLER): LoRA pushes reach them."""
     save = tmp_path / "ckpt"
     out = run_script("ppo_many_roles.py", [*MANY_ROLES, "--pretrain", llama_path, "--critic_pretrain", llama_path,
                                            "--prompt_path", prompts, "--lora_rank", 2, "--debug", "--save_dir", save],
-                     tmp_path)
+                     tmp_path, COATI_RELAY_MAKER_SAMPLER="vllm")
+    assert "[maker] sampler: vllm" in out, "the makers sample with vLLM"
     assert re.search(r"\[maker\] LoRA push: [1-9]\d* actor weights rebuilt from their adapters", out)
     assert "[trainer] training step" in out
     assert_trained(save)

@@ -28,7 +28,7 @@ from coati_compat.legacy.experience import Experience, split_experience_batch
 from coati_compat.legacy.experience_maker import NaiveExperienceMaker
 from coati_compat.legacy.lora import LoRAConstructor
 from coati_compat.legacy.ray_utils import get_model_numel, set_dist_env
-from coati_compat.shims.maker_sampler import EngineSampler, resolve_sampler
+from coati_compat.shims.maker_sampler import EngineSampler, default_sampler, resolve_sampler
 from coati_compat.shims.remote import (
     LegacyActorBase,
     enable_debug_logging,
@@ -75,10 +75,10 @@ def load_pushed_state(module: torch.nn.Module, state_dict: Dict[str, torch.Tenso
 
 class ExperienceMakerHolderImpl(LegacyActorBase):
     """The legacy maker (legacy_spec §A.5). Non-legacy keywords: ``wait_timeout_s`` bounds the wait for the initial
-    sync and for the trainers to take the items; ``sampler`` picks what samples: ``"auto"`` (vLLM where it runs the
-    actor's architecture, transformers otherwise), ``"vllm"``, ``"transformers"``, or ``"legacy"``, the legacy
-    token-by-token loop, for exact reproduction of old runs (`coati_compat.shims.maker_sampler`). Every other unknown
-    keyword becomes a generate keyword."""
+    sync and for the trainers to take the items; ``sampler`` picks what samples: ``"legacy"``, the legacy
+    token-by-token loop (the default, unless ``$COATI_RELAY_MAKER_SAMPLER`` names another), ``"auto"`` (vLLM where it
+    runs the actor's architecture, transformers otherwise), ``"vllm"`` or ``"transformers"``
+    (`coati_compat.shims.maker_sampler`). Every other unknown keyword becomes a generate keyword."""
 
     _legacy_name = "coati.ray.experience_maker_holder.ExperienceMakerHolder"
 
@@ -87,7 +87,7 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
                  sync_models_from_trainers: bool = False, buffer_cpu_offload: bool = True, kl_coef: float = 0.1,
                  callbacks: Optional[List[MakerCallback]] = None, eval_performance: bool = False,
                  debug: bool = False, update_lora_weights: bool = False, wait_timeout_s: float = 1800.0,
-                 sampler: str = "auto", **generate_kwargs: Any) -> None:
+                 sampler: Optional[str] = None, **generate_kwargs: Any) -> None:
         if env_info:
             set_dist_env(env_info)
         if isinstance(detached_trainer_name_list, str) or not detached_trainer_name_list:
@@ -110,7 +110,7 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
         actor, critic, reward_model, initial_model = self.strategy.prepare(actor, critic, reward_model,
                                                                            initial_model)
         self.experience_maker = NaiveExperienceMaker(actor, critic, reward_model, initial_model, kl_coef=kl_coef)
-        self.sampler_kind = resolve_sampler(sampler, self._actor_model())
+        self.sampler_kind = resolve_sampler(sampler or default_sampler(), self._actor_model())
         self._sampler: Optional[EngineSampler] = None
         if self.sampler_kind != "legacy":
             self._sampler = EngineSampler(self.sampler_kind, seed=torch.initial_seed() % 2 ** 31)
@@ -128,6 +128,7 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
         self.weight_version = 0  # completed weight pushes (chunk_end calls)
         if debug:
             enable_debug_logging(logger)
+        logger.debug("[maker] sampler: %s", self.sampler_kind)
 
     @staticmethod
     def _set_default_generate_kwargs(generate_kwargs: Dict[str, Any], actor: Any) -> Dict[str, Any]:

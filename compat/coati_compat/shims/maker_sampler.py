@@ -36,6 +36,16 @@ from coati_compat.legacy.model_base import generated_masks
 logger = logging.getLogger(__name__)
 
 SAMPLERS = ("auto", "vllm", "transformers", "legacy")
+SAMPLER_ENV = "COATI_RELAY_MAKER_SAMPLER"  # the sampler of makers built without ``sampler=`` (default: legacy)
+
+
+def default_sampler() -> str:
+    """The sampler of a maker whose script names none: ``$COATI_RELAY_MAKER_SAMPLER``, else the legacy loop.
+
+    The legacy loop stays the default until the engine samplers are shown to train as well in the legacy pipeline:
+    on the toy PPO demo (100 steps, 5 seeds) the vLLM maker raised the reward in 2 runs of 5, the legacy loop in 5.
+    """
+    return os.environ.get(SAMPLER_ENV, "legacy")
 
 
 def sampler_weights(model: nn.Module) -> Dict[str, torch.Tensor]:
@@ -91,8 +101,8 @@ def vllm_supports(model: nn.Module) -> bool:
 def resolve_sampler(name: str, model: nn.Module) -> str:
     """``auto``: vLLM where it supports the model, transformers otherwise; other names are checked and kept."""
     if name not in SAMPLERS:
-        raise ValueError(f"sampler must be one of {list(SAMPLERS)}, got {name!r} ('legacy' is the old token-by-token "
-                         "loop, for exact reproduction of old runs)")
+        raise ValueError(f"sampler (or ${SAMPLER_ENV}) must be one of {list(SAMPLERS)}, got {name!r} ('legacy' is "
+                         "the old token-by-token loop)")
     if name == "vllm" and not vllm_supports(model):
         raise ValueError(f"sampler='vllm': the installed vLLM cannot run {type(model).__name__} (or is missing); use "
                          "sampler='transformers' or 'auto'")
