@@ -106,11 +106,12 @@ def run(cfg: RunConfig) -> RunResult:
         producer_opts, consumer_opts = opts[:cfg.roles.num_producers], opts[cfg.roles.num_producers:]
         cfg.checkpointing.run_dir.mkdir(parents=True, exist_ok=True)
         prefix = f"coati-relay/{cfg.project_name}/{uuid.uuid4().hex[:8]}"  # named, so users can find them in Ray
+        service_opts = on_head_node()
         queue = make_rollout_queue(maxsize=cfg.tasks_per_round * (cfg.roles.n_behind + 1),
                                    staleness=cfg.roles.n_behind, total_tasks=cfg.total_rounds * cfg.tasks_per_round,
                                    first_task=start_round * cfg.tasks_per_round, name=f"{prefix}/rollout-queue",
-                                   **on_head_node())
-        store = make_weight_store(name=f"{prefix}/weight-store", **on_head_node())
+                                   **service_opts)
+        store = make_weight_store(name=f"{prefix}/weight-store", **service_opts)
         started += [queue, store]
         consumer_cls = ray.remote(ConsumerWorker)
         producer_cls = ray.remote(ProducerWorker)
