@@ -26,7 +26,9 @@ from torch import nn
 logger = logging.getLogger(__name__)
 
 _PROMPT = re.compile(r"write the letter (\S) many times:(.*)", re.DOTALL)
-_PROMPT_TOKENS, _NEW_TOKENS, _TIMEOUT_S = 16, 12, 1800
+# 24 prompt tokens hold the toy prompts whole (23 tokens): a cut prompt left the reward scoring the prompt's own
+# letters, and an empty response became a trap the policy fell into in most seeds.
+_PROMPT_TOKENS, _NEW_TOKENS, _TIMEOUT_S = 24, 12, 1800
 
 
 def score_sequences(tokenizer: Any, sequences: torch.Tensor) -> torch.Tensor:
@@ -146,8 +148,8 @@ def run_legacy_ppo(model_path: str, csv_path: str, run_dir: str, num_makers: int
 
     Returns ``{"history": [{"step", "time", "reward", "shaped_reward", "actor_loss", "critic_loss", "loss",
     "weight_sync_s", "samples_per_s"}], "warnings": [FutureWarning messages], "wall_s": float}``; the history (of the
-    rank-0 trainer) is also in ``run_dir/metrics.jsonl``. On two CPU cores the defaults take 20-30 s and raise the
-    reward from about 0.07 to 0.3-0.5.
+    rank-0 trainer) is also in ``run_dir/metrics.jsonl``. On two CPU cores the defaults take 30-45 s and raise the
+    mean reward of the last 25 steps above 0.9 (0.94-1.00 in 5 seeds with vLLM makers, from 0.01-0.24 at first).
     """
     for name, value, low in (("num_makers", num_makers, 1), ("num_trainers", num_trainers, 1),
                              ("steps", steps, 1), ("batch_size", batch_size, 1)):

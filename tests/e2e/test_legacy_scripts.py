@@ -80,11 +80,13 @@ MANY_ROLES = ["--num_makers", 2, "--num_trainers", 2, "--model", "llama", "--cri
 @pytest.mark.parametrize("keep_half", ["", "1"], ids=["cpu-fp32", "fp16-masters"])
 def test_many_roles_half_models_train_to_finite_moved_weights(llama_path, prompts, tmp_path, keep_half):
     """Two makers, two trainers, .half() models, a weight push after every step (mid-run): with the CPU default
-    (fp32 kept) and with fp16 kept, where the trainers step fp32 master weights."""
+    (fp32 kept) and with fp16 kept, where the trainers step fp32 master weights; the second with the makers' old
+    sampling loop ($COATI_RELAY_MAKER_SAMPLER=legacy)."""
     save = tmp_path / "ckpt"
     out = run_script("ppo_many_roles.py", [*MANY_ROLES, "--pretrain", llama_path, "--critic_pretrain", llama_path,
                                            "--prompt_path", prompts, "--save_dir", save], tmp_path,
-                     COATI_RELAY_KEEP_HALF_ON_CPU=keep_half)
+                     COATI_RELAY_KEEP_HALF_ON_CPU=keep_half,
+                     COATI_RELAY_MAKER_SAMPLER="legacy" if keep_half else "")
     assert "[trainer performance] samples:" in out and "[maker performance] samples:" in out  # rank 0 prints
     assert "num_gpus=1 of ExperienceMakerHolderImpl(name='maker0') is translated" in out
     assert ("keep fp32 inside this actor" in out) == (not keep_half)
@@ -95,11 +97,11 @@ def test_many_roles_half_models_train_to_finite_moved_weights(llama_path, prompt
 
 
 def test_many_roles_lora_pushes_adapters(llama_path, prompts, tmp_path):
-    """With vLLM makers (chosen for the unchanged script by $COATI_RELAY_MAKER_SAMPLER): LoRA pushes reach them."""
+    """With the default makers (vLLM runs Llama): LoRA pushes reach them."""
     save = tmp_path / "ckpt"
     out = run_script("ppo_many_roles.py", [*MANY_ROLES, "--pretrain", llama_path, "--critic_pretrain", llama_path,
                                            "--prompt_path", prompts, "--lora_rank", 2, "--debug", "--save_dir", save],
-                     tmp_path, COATI_RELAY_MAKER_SAMPLER="vllm")
+                     tmp_path)
     assert "[maker] sampler: vllm" in out, "the makers sample with vLLM"
     assert re.search(r"\[maker\] LoRA push: [1-9]\d* actor weights rebuilt from their adapters", out)
     assert "[trainer] training step" in out
@@ -143,5 +145,5 @@ def test_legacy_demo_learns_the_toy_task(ray_cluster, tmp_path):
     assert (tmp_path / "run" / "metrics.jsonl").is_file()
     first = sum(h["reward"] for h in history[:10]) / 10
     last = sum(h["reward"] for h in history[-10:]) / 10
-    assert last > first + 0.05, (first, last)
+    assert last > first + 0.3, (first, last)
     assert any("DetachedPPOTrainer is deprecated" in w for w in result["warnings"])

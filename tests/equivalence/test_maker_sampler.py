@@ -118,9 +118,9 @@ def test_sampler_choice(actor, monkeypatch):
     from coati_compat.shims.maker_sampler import default_sampler
 
     monkeypatch.delenv("COATI_RELAY_MAKER_SAMPLER", raising=False)
+    assert default_sampler() == "auto"
+    monkeypatch.setenv("COATI_RELAY_MAKER_SAMPLER", "legacy")
     assert default_sampler() == "legacy"
-    monkeypatch.setenv("COATI_RELAY_MAKER_SAMPLER", "vllm")
-    assert default_sampler() == "vllm"
     assert resolve_sampler("auto", actor.model) == "vllm", "vLLM runs Qwen2"
     assert resolve_sampler("legacy", actor.model) == "legacy"
     with pytest.raises(ValueError, match=r"sampler \(or \$COATI_RELAY_MAKER_SAMPLER\) must be one of"):

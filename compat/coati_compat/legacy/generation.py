@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 import torch
 import torch.distributed as dist
@@ -56,6 +56,17 @@ def _all_finished(unfinished: torch.Tensor) -> bool:
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(remaining)
     return remaining.item() == 0
+
+
+def default_generate_kwargs(generate_kwargs: Dict[str, Any], model: nn.Module) -> Dict[str, Any]:
+    """A copy of ``generate_kwargs`` with the legacy defaults added where absent: ``prepare_inputs_fn`` and
+    ``update_model_kwargs_fn``, the Hugging Face ``model``'s input-preparation hooks (accepted, not called)."""
+    out = dict(generate_kwargs)
+    for key, attr in (("prepare_inputs_fn", "prepare_inputs_for_generation"),
+                      ("update_model_kwargs_fn", "_update_model_kwargs_for_generation")):
+        if key not in out and hasattr(model, attr):
+            out[key] = getattr(model, attr)
+    return out
 
 
 def check_generate_args(max_length: Any, num_beams: int, do_sample: bool, eos_token_id: Optional[int],

@@ -26,6 +26,7 @@ import torch
 from coati_compat.legacy.callbacks import ExperienceMakerPerformanceEvaluator, MakerCallback
 from coati_compat.legacy.experience import Experience, split_experience_batch
 from coati_compat.legacy.experience_maker import NaiveExperienceMaker
+from coati_compat.legacy.generation import default_generate_kwargs
 from coati_compat.legacy.lora import LoRAConstructor
 from coati_compat.legacy.ray_utils import get_model_numel, set_dist_env
 from coati_compat.shims.maker_sampler import EngineSampler, default_sampler, resolve_sampler
@@ -75,9 +76,9 @@ def load_pushed_state(module: torch.nn.Module, state_dict: Dict[str, torch.Tenso
 
 class ExperienceMakerHolderImpl(LegacyActorBase):
     """The legacy maker (legacy_spec §A.5). Non-legacy keywords: ``wait_timeout_s`` bounds the wait for the initial
-    sync and for the trainers to take the items; ``sampler`` picks what samples: ``"legacy"``, the legacy
-    token-by-token loop (the default, unless ``$COATI_RELAY_MAKER_SAMPLER`` names another), ``"auto"`` (vLLM where it
-    runs the actor's architecture, transformers otherwise), ``"vllm"`` or ``"transformers"``
+    sync and for the trainers to take the items; ``sampler`` picks what samples: ``"auto"`` (the default,
+    unless ``$COATI_RELAY_MAKER_SAMPLER`` names another: vLLM where it runs the actor's architecture, transformers
+    otherwise), ``"vllm"``, ``"transformers"``, or ``"legacy"``, the legacy token-by-token loop
     (`coati_compat.shims.maker_sampler`). Every other unknown keyword becomes a generate keyword."""
 
     _legacy_name = "coati.ray.experience_maker_holder.ExperienceMakerHolder"
@@ -133,13 +134,7 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
     @staticmethod
     def _set_default_generate_kwargs(generate_kwargs: Dict[str, Any], actor: Any) -> Dict[str, Any]:
         """The legacy defaults: the HF model's input-preparation hooks, when the caller gave none."""
-        out = dict(generate_kwargs)
-        model = getattr(actor, "model", actor)
-        for key, attr in (("prepare_inputs_fn", "prepare_inputs_for_generation"),
-                          ("update_model_kwargs_fn", "_update_model_kwargs_for_generation")):
-            if key not in out and hasattr(model, attr):
-                out[key] = getattr(model, attr)
-        return out
+        return default_generate_kwargs(generate_kwargs, getattr(actor, "model", actor))
 
     # -- sampling ------------------------------------------------------------------------------------------------
     def _actor_model(self) -> torch.nn.Module:

@@ -36,16 +36,13 @@ from coati_compat.legacy.model_base import generated_masks
 logger = logging.getLogger(__name__)
 
 SAMPLERS = ("auto", "vllm", "transformers", "legacy")
-SAMPLER_ENV = "COATI_RELAY_MAKER_SAMPLER"  # the sampler of makers built without ``sampler=`` (default: legacy)
+SAMPLER_ENV = "COATI_RELAY_MAKER_SAMPLER"  # the sampler of makers built without ``sampler=`` (default: auto)
 
 
 def default_sampler() -> str:
-    """The sampler of a maker whose script names none: ``$COATI_RELAY_MAKER_SAMPLER``, else the legacy loop.
-
-    The legacy loop stays the default until the engine samplers are shown to train as well in the legacy pipeline:
-    on the toy PPO demo (100 steps, 5 seeds) the vLLM maker raised the reward in 2 runs of 5, the legacy loop in 5.
-    """
-    return os.environ.get(SAMPLER_ENV, "legacy")
+    """The sampler of a maker whose script names none: ``$COATI_RELAY_MAKER_SAMPLER``, else ``"auto"`` (vLLM where it
+    runs the actor's architecture, transformers otherwise)."""
+    return os.environ.get(SAMPLER_ENV) or "auto"
 
 
 def sampler_weights(model: nn.Module) -> Dict[str, torch.Tensor]:
