@@ -153,7 +153,13 @@ def _build_table() -> Dict[str, Deprecation]:
         "DDPStrategy": "plugin 'ddp' in the " + plugins,
         "LowLevelZeroStrategy": "plugin 'zero2' in the " + plugins,
         "GeminiStrategy": "plugin 'gemini' in the " + plugins,
+        "ColossalAIStrategy": "plugin 'gemini' (stage 3) or 'zero2' (stage 1-2) in the " + plugins,
         "DistributedSampler": "torch.utils.data.DistributedSampler",
+    })
+
+    modules("coati_compat.legacy.trainer_ppo", launch + " with core_algo='PPO'", "coati.trainer.ppo")
+    names("coati.trainer.ppo", "coati_compat.legacy.trainer_ppo", {
+        "_set_default_generate_kwargs": "the generation keywords of the producer's inference config",
     })
 
     # coati.models: the wrappers and model families, on transformers models.

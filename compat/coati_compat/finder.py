@@ -273,5 +273,9 @@ def install() -> LegacyFinder:
             return finder
     finder = LegacyFinder()
     sys.meta_path.insert(0, finder)
+    if os.environ.get("COATI_RELAY_CPU_MODE"):  # GPU-era scripts on CPU, in every process (coati_compat.cpu_mode)
+        from coati_compat import cpu_mode
+
+        cpu_mode.install()
     return finder
 

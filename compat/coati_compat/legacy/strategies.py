@@ -1,5 +1,6 @@
 """Legacy ``coati.trainer.strategies``: ``NaiveStrategy``, ``DDPStrategy``, ``LowLevelZeroStrategy`` and
-``GeminiStrategy`` with the legacy method surface, on the engine's ColossalAI plugin table
+``GeminiStrategy`` (and the 2023 ``ColossalAIStrategy``: stage 3 is Gemini, 1-2 LowLevelZero) with the legacy method
+surface, on the engine's ColossalAI plugin table
 (``coati_relay.training.plugins``): ddp -> ``"ddp"``, LowLevelZero -> ``"zero2"``, Gemini -> ``"gemini"``.
 
 Without CUDA, LowLevelZero and Gemini train with ``"ddp"`` (one RuntimeWarning per plugin) and process groups use
@@ -77,6 +78,15 @@ def _unwrap_booster(model: nn.Module) -> nn.Module:
     return model
 
 
+def _keep_actor_generate(boosted: nn.Module) -> nn.Module:
+    """``boosted`` with its ``Actor``'s ``generate``: the 2023 strategies gave back an ``Actor`` around the wrapped
+    model, and scripts of that time (the community Ray example) sample with ``prepared_actor.generate(...)``."""
+    inner = _unwrap_booster(boosted)
+    if boosted is not inner and isinstance(inner, Actor) and not hasattr(boosted, "generate"):
+        boosted.generate = inner.generate  # a plain attribute (nn.Module.__setattr__ keeps non-modules as such)
+    return boosted
+
+
 @deprecated_api("coati.trainer.strategies.DistributedSampler")
 class DistributedSampler:
     """The legacy prompt sampler: each of ``num_replicas`` ranks owns every num_replicas-th index (the tail that
@@ -135,7 +145,9 @@ class Strategy(ABC):
             optimizer = with_master_weights(optimizer, **self.loss_scale_options)
         if self.booster is None or (optimizer is None and not _has_trainable(model)):
             return [model, optimizer, None, None, None]
-        return self.booster.boost(model=model, optimizer=optimizer)
+        boosted = list(self.booster.boost(model=model, optimizer=optimizer))
+        boosted[0] = _keep_actor_generate(boosted[0])
+        return boosted
 
     def prepare(self, *args: Any) -> Any:
         """Each argument: a module, a ``(model, optimizer)`` pair or a dict of ``Booster.boost`` keywords; returns
@@ -281,6 +293,23 @@ _LOSS_SCALE_KEYS = ("initial_scale", "growth_factor", "backoff_factor", "growth_
                     "min_scale", "max_scale")
 
 
+def _zero_options(stage: int, precision: str, placement_policy: str, reduce_bucket_size: int,
+                  overlap_communication: bool, **scale_and_clip: Any) -> Dict[str, Any]:
+    """The ``"zero2"`` plugin options of a legacy LowLevelZero configuration."""
+    if placement_policy not in ("cpu", "cuda"):
+        raise ValueError(f"placement_policy must be 'cpu' or 'cuda', got {placement_policy!r}")
+    return dict(stage=stage, precision=precision, reduce_bucket_size_in_m=reduce_bucket_size / 1024 ** 2,
+                overlap_communication=overlap_communication, cpu_offload=placement_policy == "cpu", **scale_and_clip)
+
+
+def _gemini_options(shard_init: bool, search_range_m: int, min_chunk_size_m: float, **options: Any) -> Dict[str, Any]:
+    """The ``"gemini"`` plugin options of a legacy Gemini configuration (fp16 only, as the legacy code forced)."""
+    if shard_init:
+        logger.warning("shard_init=True is ignored: load weights before strategy.prepare()")
+    return dict(search_range_m=search_range_m, min_chunk_size_m=min_chunk_size_m, precision=LEGACY_PRECISION,
+                **options)
+
+
 class _ColossalStrategy(DDPStrategy):
     """LowLevelZero and Gemini: ``colossalai.launch_from_torch`` on CUDA; the ddp path after a CPU fallback."""
 
@@ -299,6 +328,15 @@ class _ColossalStrategy(DDPStrategy):
 
         colossalai.launch_from_torch(seed=self.seed)
 
+    def _full_state_dict(self, model: nn.Module) -> Dict[str, torch.Tensor]:
+        if self.plugin_name != "gemini":
+            return super()._full_state_dict(model)
+        # GeminiDDP gathers the chunked parameters in its own state_dict(); keys are those of the wrapped module.
+        state_dict = model.state_dict()
+        if isinstance(_unwrap_booster(model), Actor):
+            state_dict = OrderedDict((k[len("model."):], v) for k, v in state_dict.items() if k.startswith("model."))
+        return state_dict
+
 
 @deprecated_api("coati.trainer.strategies.LowLevelZeroStrategy")
 class LowLevelZeroStrategy(_ColossalStrategy):
@@ -310,13 +348,10 @@ class LowLevelZeroStrategy(_ColossalStrategy):
                  initial_scale: float = 2 ** 16, growth_factor: float = 2, backoff_factor: float = 0.5,
                  growth_interval: int = 1000, hysteresis: int = 2, min_scale: float = 1, max_scale: float = 2 ** 32,
                  max_norm: float = 0.0, norm_type: float = 2.0) -> None:
-        if placement_policy not in ("cpu", "cuda"):
-            raise ValueError(f"placement_policy must be 'cpu' or 'cuda', got {placement_policy!r}")
-        options = dict(stage=stage, precision=precision, initial_scale=initial_scale, growth_factor=growth_factor,
-                       backoff_factor=backoff_factor, growth_interval=growth_interval, hysteresis=hysteresis,
-                       min_scale=min_scale, max_scale=max_scale, max_norm=max_norm, norm_type=norm_type,
-                       reduce_bucket_size_in_m=reduce_bucket_size / 1024 ** 2,
-                       overlap_communication=overlap_communication, cpu_offload=placement_policy == "cpu")
+        options = _zero_options(stage, precision, placement_policy, reduce_bucket_size, overlap_communication,
+                                initial_scale=initial_scale, growth_factor=growth_factor,
+                                backoff_factor=backoff_factor, growth_interval=growth_interval, hysteresis=hysteresis,
+                                min_scale=min_scale, max_scale=max_scale, max_norm=max_norm, norm_type=norm_type)
         super().__init__(CLASS_PLUGINS["LowLevelZeroStrategy"], options, seed)
 
 
@@ -331,23 +366,47 @@ class GeminiStrategy(_ColossalStrategy):
                  initial_scale: float = 2 ** 16, growth_factor: float = 2, backoff_factor: float = 0.5,
                  growth_interval: int = 1000, hysteresis: int = 2, min_scale: float = 1, max_scale: float = 2 ** 32,
                  max_norm: float = 0.0, norm_type: float = 2.0) -> None:
-        if shard_init:
-            logger.warning("GeminiStrategy(shard_init=True) is ignored: load weights before strategy.prepare()")
-        options = dict(placement_policy=placement_policy, shard_param_frac=shard_param_frac,
-                       offload_optim_frac=offload_optim_frac, offload_param_frac=offload_param_frac,
-                       pin_memory=pin_memory, force_outputs_fp32=force_outputs_fp32, search_range_m=search_range_m,
-                       hidden_dim=hidden_dim, min_chunk_size_m=min_chunk_size_m,
-                       gpu_margin_mem_ratio=gpu_margin_mem_ratio, initial_scale=initial_scale,
-                       growth_factor=growth_factor, backoff_factor=backoff_factor, growth_interval=growth_interval,
-                       hysteresis=hysteresis, min_scale=min_scale, max_scale=max_scale, max_norm=max_norm,
-                       norm_type=norm_type, precision=LEGACY_PRECISION)
+        options = _gemini_options(shard_init, search_range_m, min_chunk_size_m, placement_policy=placement_policy,
+                                  shard_param_frac=shard_param_frac, offload_optim_frac=offload_optim_frac,
+                                  offload_param_frac=offload_param_frac, pin_memory=pin_memory,
+                                  force_outputs_fp32=force_outputs_fp32, hidden_dim=hidden_dim,
+                                  gpu_margin_mem_ratio=gpu_margin_mem_ratio, initial_scale=initial_scale,
+                                  growth_factor=growth_factor, backoff_factor=backoff_factor,
+                                  growth_interval=growth_interval, hysteresis=hysteresis, min_scale=min_scale,
+                                  max_scale=max_scale, max_norm=max_norm, norm_type=norm_type)
         super().__init__(CLASS_PLUGINS["GeminiStrategy"], options, seed)
 
-    def _full_state_dict(self, model: nn.Module) -> Dict[str, torch.Tensor]:
-        if self.plugin_name != "gemini":
-            return super()._full_state_dict(model)
-        # GeminiDDP gathers the chunked parameters in its own state_dict(); keys are those of the wrapped module.
-        state_dict = model.state_dict()
-        if isinstance(_unwrap_booster(model), Actor):
-            state_dict = OrderedDict((k[len("model."):], v) for k, v in state_dict.items() if k.startswith("model."))
-        return state_dict
+
+@deprecated_api("coati.trainer.strategies.ColossalAIStrategy")
+class ColossalAIStrategy(_ColossalStrategy):
+    """The 2023 (pre-Booster) strategy: ``stage=3`` is Gemini (``"gemini"``, fp16 as the legacy code forced),
+    ``stage=1``/``2`` LowLevelZero (``"zero2"``); ``placement_policy="cpu"`` offloads."""
+
+    def __init__(self, stage: int = 3, precision: str = LEGACY_PRECISION, seed: int = 42, shard_init: bool = False,
+                 placement_policy: str = "cuda", pin_memory: bool = True, force_outputs_fp32: bool = False,
+                 search_range_mb: int = 32, hidden_dim: Optional[int] = None, min_chunk_size_mb: float = 32,
+                 gpu_margin_mem_ratio: float = 0.0, reduce_bucket_size: int = 12 * 1024 ** 2,
+                 overlap_communication: bool = True, initial_scale: float = 2 ** 16, growth_factor: float = 2,
+                 backoff_factor: float = 0.5, growth_interval: int = 1000, hysteresis: int = 2, min_scale: float = 1,
+                 max_scale: float = 2 ** 32, max_norm: float = 0.0, norm_type: float = 2.0) -> None:
+        if stage not in (1, 2, 3):
+            raise ValueError(f"ColossalAIStrategy: stage must be 1, 2 or 3, got {stage!r}")
+        if precision not in ("fp32", "fp16"):
+            raise ValueError(f"ColossalAIStrategy: precision must be 'fp32' or 'fp16', got {precision!r}")
+        self.stage = stage
+        scale_and_clip = dict(initial_scale=initial_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
+                              growth_interval=growth_interval, hysteresis=hysteresis, min_scale=min_scale,
+                              max_scale=max_scale, max_norm=max_norm, norm_type=norm_type)
+        if stage == 3:
+            if placement_policy not in ("cpu", "cuda"):
+                raise ValueError(f"placement_policy must be 'cpu' or 'cuda', got {placement_policy!r}")
+            options = _gemini_options(shard_init, search_range_mb, min_chunk_size_mb,
+                                      placement_policy=placement_policy, pin_memory=pin_memory,
+                                      force_outputs_fp32=force_outputs_fp32, hidden_dim=hidden_dim,
+                                      gpu_margin_mem_ratio=gpu_margin_mem_ratio, **scale_and_clip)
+            plugin = CLASS_PLUGINS["GeminiStrategy"]
+        else:
+            options = _zero_options(stage, precision, placement_policy, reduce_bucket_size, overlap_communication,
+                                    **scale_and_clip)
+            plugin = CLASS_PLUGINS["LowLevelZeroStrategy"]
+        super().__init__(plugin, options, seed)
