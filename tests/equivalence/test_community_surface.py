@@ -93,8 +93,9 @@ def test_prepared_actor_generates_and_scores_as_in_the_script(tmp_path):
         critic = GPTCritic(config=cfg).eval()  # the script puts every model in eval mode before making experience
         reward_model = RewardModel(copy.deepcopy(critic.model), copy.deepcopy(critic.value_head)).eval()
         zero2 = ColossalAIStrategy(stage=2, placement_policy="cuda")
+        hf_class = type(strategy.unwrap_model(actor))
         print(json.dumps({{
-            "hooks": kwargs["prepare_inputs_fn"].__func__ is type(strategy.unwrap_model(actor)).prepare_inputs_for_generation,
+            "hooks": kwargs["prepare_inputs_fn"].__func__ is hf_class.prepare_inputs_for_generation,
             "shapes": [list(seq.shape), list(attn.shape), list(action.shape), list(log_probs.shape)],
             "prompts_kept": torch.equal(seq[:, :6], prompts),
             "r_equals_value": torch.allclose(reward_model(seq, attn), critic(seq, None, attn)),
