@@ -302,9 +302,15 @@ def _call_site(node: ast.Call, role: str, cls: str, params, parents, resolver: R
                      _site_count(node, parents, resolver))
 
 
-def analyze_source(text: str, name: str = "<script>") -> LegacyScript:
-    """Analyzes the source of a legacy launch script. Raises ValueError when it is not Python or uses no
-    legacy actors at all (nothing to migrate)."""
+def nothing_to_migrate(name: str) -> str:
+    return (f"{name} creates no ExperienceMakerHolder or DetachedTrainer actors (Cls.options(...).remote(...) or "
+            f"Cls.remote(...)) and defines no four-role PPO actors (@ray.remote classes with coati.models.loss."
+            f"PolicyLoss); there is nothing to migrate")
+
+
+def analyze_source(text: str, name: str = "<script>", require_actors: bool = True) -> LegacyScript:
+    """Analyzes the source of a legacy launch script. Raises ValueError when it is not Python or, with
+    ``require_actors``, uses no legacy actors at all (nothing to migrate)."""
     try:
         tree = ast.parse(text, filename=name)
     except SyntaxError as exc:
@@ -357,9 +363,8 @@ def analyze_source(text: str, name: str = "<script>") -> LegacyScript:
     makers.sort(key=lambda c: c.line)
     trainers.sort(key=lambda c: c.line)
     calls.sort(key=lambda c: c.line)
-    if not makers and not trainers:
-        raise ValueError(f"{name} creates no ExperienceMakerHolder or DetachedTrainer actors "
-                         f"(Cls.options(...).remote(...) or Cls.remote(...)); there is nothing to migrate")
+    if require_actors and not makers and not trainers:
+        raise ValueError(nothing_to_migrate(name))
     maker_models = _model_fn(makers[0].kwargs.get("model_fn"), MAKER_ROLES, functions, resolver) if makers else None
     trainer_models = (_model_fn(trainers[0].kwargs.get("model_fn"), TRAINER_ROLES, functions, resolver)
                       if trainers else None)

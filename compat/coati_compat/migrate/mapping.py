@@ -22,12 +22,7 @@ class _Mapper(MappingContext):
     # -- the mapping -----------------------------------------------------------------------------------------
     def build(self) -> Plan:
         s = self.script
-        for flag in s.flags.values():
-            call, dropped = portable_flag_call(flag.call)
-            self.plan.legacy_flags.append(source(call))
-            if dropped:
-                self.note("unread", f"--{flag.dest}: the keywords {dropped} of its add_argument call are not "
-                                    f"plain values and were dropped; the flag takes strings now.", line=flag.line)
+        self._legacy_flags()
         maker = s.makers[0] if s.makers else None
         trainer = s.trainers[0] if s.trainers else None
         self._roles(maker, trainer)
@@ -43,6 +38,14 @@ class _Mapper(MappingContext):
         self._leftover_keywords(maker, trainer)
         self._unused_flags()
         return self.plan
+
+    def _legacy_flags(self) -> None:
+        for flag in self.script.flags.values():
+            call, dropped = portable_flag_call(flag.call)
+            self.plan.legacy_flags.append(source(call))
+            if dropped:
+                self.note("unread", f"--{flag.dest}: the keywords {dropped} of its add_argument call are not "
+                                    f"plain values and were dropped; the flag takes strings now.", line=flag.line)
 
     def _count(self, sites: List[ActorCall], flag: str, what: str) -> str:
         counts = [self.code(site.count) if site.count is not None else None for site in sites]

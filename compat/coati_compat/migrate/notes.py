@@ -30,6 +30,7 @@ TOPICS = {
     "callbacks": "callbacks, performance evaluators, debug",
     "dataset": "prompt data",
     "custom-classes": "subclasses of legacy classes",
+    "four-role": "four-role scripts (own Ray actors for policy, critic, reference, reward)",
     "unused-flags": "command-line flags without effect",
     "unread": "values the rewriter could not read",
 }

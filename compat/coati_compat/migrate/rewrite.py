@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
 from coati_compat.migrate import emitted
-from coati_compat.migrate.analyze import analyze_source
+from coati_compat.migrate.analyze import analyze_source, nothing_to_migrate
+from coati_compat.migrate.four_role import build_four_role_plan, is_four_role
 from coati_compat.migrate.mapping import Plan, build_plan
 from coati_compat.migrate.notes import Note
 
@@ -242,10 +243,16 @@ def double_quotes(code: str) -> str:
 
 def migrate_source(text: str, name: str = "legacy_script.py") -> Migration:
     """Migrates the source of a legacy launch script (it is parsed, never run)."""
-    plan = build_plan(analyze_source(text, name))
-    script = double_quotes(render(plan))
-    compile(script, f"<migrated {name}>", "exec")  # the rewriter's own output must always be valid Python
-    return Migration(legacy_name=name, script=script, notes=plan.notes, untranslated=plan.untranslated)
+    script = analyze_source(text, name, require_actors=False)
+    if script.makers or script.trainers:
+        plan = build_plan(script)
+    elif is_four_role(script.tree):
+        plan = build_four_role_plan(script)
+    else:
+        raise ValueError(nothing_to_migrate(name))
+    migrated = double_quotes(render(plan))
+    compile(migrated, f"<migrated {name}>", "exec")  # the rewriter's own output must always be valid Python
+    return Migration(legacy_name=name, script=migrated, notes=plan.notes, untranslated=plan.untranslated)
 
 
 def migrate_file(path: Union[str, Path]) -> Migration:

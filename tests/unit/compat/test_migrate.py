@@ -283,3 +283,79 @@ def test_migrated_script_runs_end_to_end(migrations, tiny_model_path, tmp_path):
     assert "'steps': 1" in done.stdout
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(metrics) == 1 and '"value_loss"' in metrics[0]
+
+
+COMMUNITY_SHAPED = textwrap.dedent('''
+    """Four groups of hand-written Ray actors, flags named as in ColossalChat's community Ray example."""
+    import argparse
+
+    import pandas as pd
+    import ray
+    from coati.models.loss import PolicyLoss, ValueLoss
+    from colossalai.nn.optimizer import HybridAdam
+
+
+    @ray.remote(num_gpus=1)
+    class Policy:
+        def setup(self, model, csv):
+            self.prompts = pd.read_csv(csv)["prompt"]
+            self.optimizer = HybridAdam(model.parameters(), lr=5e-6)
+            self.generate_kwargs = {"max_length": 128, "do_sample": True, "temperature": 1.0, "top_k": 50}
+
+        def tokenize(self, tokenizer, texts):
+            return tokenizer(texts, return_tensors="pt", max_length=96, padding=True, truncation=True)
+
+        def set_loss_function(self, eps_clip: float = 0.2):
+            self.loss = PolicyLoss(eps_clip)
+
+
+    @ray.remote(num_gpus=1)
+    class Critic:
+        def set_loss_function(self, value_clip: float = 0.4):
+            self.loss = ValueLoss(value_clip)
+
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--prompt_csv_url", type=str)
+    parser.add_argument("--strategy", choices=["ddp", "colossalai_gemini", "colossalai_zero2"], default="ddp")
+    parser.add_argument("--pretrain", type=str, default="gpt2")
+    parser.add_argument("--num_episodes", type=int, default=10)
+    parser.add_argument("--max_timesteps", type=int, default=10)
+    parser.add_argument("--update_timesteps", type=int, default=10)
+    parser.add_argument("--experience_batch_size", type=int, default=8)
+    parser.add_argument("--num_actor_nodes", type=int, default=1)
+    parser.add_argument("--num_gpus_per_node", type=int, default=1)
+    args = parser.parse_args()
+    ray.init()
+''')
+
+
+def test_community_shaped_four_role_script_becomes_ppo_with_decisions():
+    m = migrate_source(COMMUNITY_SHAPED, "community.py")
+    kw = m.launch_kwargs({"prompt_csv_url": "p.csv", "pretrain": "/m/gpt2", "num_actor_nodes": 2,
+                          "num_gpus_per_node": 2, "update_timesteps": 2, "experience_batch_size": 4})
+    assert kw["core_algo"] == "PPO" and kw["num_consumer_procs"] == 4 and _tiles(kw)
+    assert kw["inference_batch_size"] * kw["num_producers"] == 2 * 4 * 4, "two batches of 4 per policy rank"
+    assert kw["train_batch_size"] == 4 and kw["num_episodes"] == 1
+    assert kw["train_dataset_config"] == {"path": "p.csv", "max_length": 96}
+    assert kw["generate_config"] == {"max_new_tokens": 32, "temperature": 1.0, "top_k": 50}
+    assert kw["grpo_config"] == {"lr": 5e-06, "critic_lr": 5e-06, "kl_coef": 0.1, "clip_eps_low": 0.2,
+                                 "clip_eps_high": 0.2, "value_clip": 0.4}
+    assert kw["critic_model_config"] == kw["reward_model_config"] == {"path": "/m/gpt2"}
+    assert kw["plugin_config"] == {"plugin": "ddp"}
+    assert "DECIDE: the reward model" in m.script and "--relay_num_episodes" in m.script
+    assert m.untranslated and "Policy, Critic" in m.untranslated[0]
+
+
+def test_four_role_example_migration_passes_engine_validation(tiny_model_path, tmp_path):
+    from coati_relay.config import build_run_config
+    from coati_relay.toy import write_toy_dataset
+
+    m = migrate_file(LEGACY / "four_role_ppo.py")
+    assert m.script == (ROOT / "examples" / "migrated" / "four_role_ppo.py").read_text()
+    csv = write_toy_dataset(tmp_path / "prompts.csv", num_prompts=32, fmt="csv")
+    config = yaml.safe_load(m.yaml({"pretrain": tiny_model_path, "prompt_csv": str(csv), "workers_per_role": 2,
+                                    "lora_rank": 4}))
+    cfg = build_run_config(**config)
+    assert cfg.core_algo == "PPO" and cfg.models.critic_model_path == cfg.models.reward_model_path == tiny_model_path
+    assert cfg.models.lora["r"] == 4 and cfg.sampling.max_new_tokens == 16
