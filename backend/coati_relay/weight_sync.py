@@ -128,6 +128,17 @@ def lora_adapters(model: torch.nn.Module) -> Dict[str, Tuple[torch.Tensor, torch
     return out
 
 
+def lora_delta(a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
+    """``scaling * B @ A`` in float32: A [r, in], B [out, r] -> [out, in]."""
+    return scaling * (b.float() @ a.float())
+
+
+def replace_delta(w0: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """``W0 + delta`` in W0's dtype and device: the one way a LoRA push lands, on the engine's producers and on the
+    legacy makers alike. Always from the base ``W0``, so a new push replaces the previous delta, never adds to it."""
+    return (w0.float() + delta.to(device=w0.device, dtype=torch.float32)).to(w0.dtype)
+
+
 def merge_lora(base: Dict[str, torch.Tensor],
                adapters: Dict[str, Tuple[torch.Tensor, torch.Tensor, float]]) -> Dict[str, torch.Tensor]:
     """``W = W0 + scaling * B @ A`` for each adapted weight; W0 comes from ``base`` and is never modified."""
@@ -135,8 +146,7 @@ def merge_lora(base: Dict[str, torch.Tensor],
     for name, (a, b, scaling) in adapters.items():
         if name not in base:
             raise KeyError(f"merge_lora: adapter for {name!r} but the base weights have no such tensor")
-        w0 = base[name]
-        merged[name] = (w0.float() + scaling * (b.float() @ a.float())).to(w0.dtype)
+        merged[name] = replace_delta(base[name], lora_delta(a, b, scaling))
     return merged
 
 

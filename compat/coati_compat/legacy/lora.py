@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from coati_compat.deprecations import deprecated_api
+from coati_relay.weight_sync import lora_delta, replace_delta
 
 _LORA_KEYS = ("lora_A", "lora_B")
 _BASE_ATTR = "_coati_lora_base"  # {name: (W0, tensor version after our last write)}, in the model's __dict__
@@ -190,7 +191,7 @@ class LoRAConstructor:
             if cfg.r == 0:
                 delta = a.new_zeros(b.size(0), a.size(1))
             else:
-                delta = (b @ a) * (cfg.lora_alpha / cfg.r)
+                delta = lora_delta(a, b, cfg.lora_alpha / cfg.r).to(a.dtype)
             increase[f"{prefix}.weight"] = delta.T if cfg.fan_in_fan_out else delta
         return increase
 
@@ -213,7 +214,7 @@ class LoRAConstructor:
                 if key not in bases or bases[key][1] != weight._version:
                     bases[key] = (weight.detach().clone(), -1)
                 base = bases[key][0]
-                weight.copy_(base + delta.to(device=base.device, dtype=base.dtype))
+                weight.copy_(replace_delta(base, delta))
                 bases[key] = (base, weight._version)
 
     @staticmethod

@@ -32,6 +32,7 @@ from torch import nn
 from coati_compat.legacy.generation import check_generate_args
 from coati_compat.legacy.lora import LoraLinear
 from coati_compat.legacy.model_base import generated_masks
+from coati_relay.weight_sync import replace_delta
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ def sampler_weights(model: nn.Module) -> Dict[str, torch.Tensor]:
         if isinstance(layer, LoraLinear):
             weight = layer.weight.detach()
             if layer.r > 0 and not layer.merged:
-                weight = weight + layer.delta_weight().detach()
+                weight = replace_delta(weight, layer.delta_weight().detach())
             out[f"{name}.weight"] = layer._t(weight).float().cpu().clone()
     return out
 
