@@ -71,6 +71,20 @@ class GroupMember:
         self.model.eval()
         return self.rank
 
+    def learn(self, *experiences):
+        """One optimizer step on each experience item (Ray resolves the references); returns the losses."""
+        self.model.train()
+        losses = []
+        for exp in experiences:
+            exp.to_device(torch.cuda.current_device())
+            loss = self.loss(exp)
+            self.strategy.backward(loss, self.model, self.optimizer)
+            self.strategy.optimizer_step(self.optimizer)
+            self.optimizer.zero_grad()
+            losses.append(loss.item())
+        self.model.eval()
+        return losses
+
 
 @ray.remote(num_gpus=1)
 class PolicyWorker(GroupMember):
@@ -111,19 +125,9 @@ class PolicyWorker(GroupMember):
         advantages = (reward - values).unsqueeze(-1)
         return Experience(sequences, log_probs, values, reward, advantages, attention_mask, action_mask)
 
-    def learn(self, *experiences):
-        self.model.train()
-        losses = []
-        for exp in experiences:
-            exp.to_device(torch.cuda.current_device())
-            log_probs = self.model(exp.sequences, exp.action_mask.size(1), attention_mask=exp.attention_mask)
-            loss = self.loss_fn(log_probs, exp.action_log_probs, exp.advantages, action_mask=exp.action_mask)
-            self.strategy.backward(loss, self.model, self.optimizer)
-            self.strategy.optimizer_step(self.optimizer)
-            self.optimizer.zero_grad()
-            losses.append(loss.item())
-        self.model.eval()
-        return losses
+    def loss(self, exp):
+        log_probs = self.model(exp.sequences, exp.action_mask.size(1), attention_mask=exp.attention_mask)
+        return self.loss_fn(log_probs, exp.action_log_probs, exp.advantages, action_mask=exp.action_mask)
 
     def save(self, path):
         if self.rank == 0:
@@ -144,19 +148,9 @@ class ValueWorker(GroupMember):
         sequences, attention_mask, action_mask = (t.cuda() for t in batch)
         return self.model(sequences, action_mask, attention_mask).cpu()
 
-    def learn(self, *experiences):
-        self.model.train()
-        losses = []
-        for exp in experiences:
-            exp.to_device(torch.cuda.current_device())
-            values = self.model(exp.sequences, action_mask=exp.action_mask, attention_mask=exp.attention_mask)
-            loss = self.loss_fn(values, exp.values, exp.reward, action_mask=exp.action_mask)
-            self.strategy.backward(loss, self.model, self.optimizer)
-            self.strategy.optimizer_step(self.optimizer)
-            self.optimizer.zero_grad()
-            losses.append(loss.item())
-        self.model.eval()
-        return losses
+    def loss(self, exp):
+        values = self.model(exp.sequences, action_mask=exp.action_mask, attention_mask=exp.attention_mask)
+        return self.loss_fn(values, exp.values, exp.reward, action_mask=exp.action_mask)
 
 
 @ray.remote(num_gpus=1)

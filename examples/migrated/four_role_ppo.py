@@ -150,7 +150,7 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         # NOTE: the legacy collate function cut or padded every prompt of the CSV's prompt column to exactly
         #       prompt_tokens tokens; the engine reads the same column (raw text, no chat template), pads per batch
         #       and cuts over-long prompts on the left, keeping their end. The data loader ran inside each maker;
-        #       here the engine samples the prompts. (legacy line 88) See migration_guide/rewriter.md#dataset
+        #       here the engine samples the prompts. (legacy line 102) See migration_guide/rewriter.md#dataset
         train_dataset_config={"path": args.prompt_csv, "max_length": prompt_tokens},
         inference_model_config={"path": args.pretrain},
         generate_config={"max_new_tokens": args.new_tokens},
@@ -184,7 +184,7 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         #       the responses). See migration_guide/rewriter.md#four-role
         reward_model_config={"path": args.reward_pretrain or args.pretrain},
         # NOTE: the policy's checkpoint goes to run_dir/checkpoints (RunResult.checkpoints), not to the script's
-        #       save path. (legacy line 130) See migration_guide/rewriter.md#four-role
+        #       save path. (legacy line 134) See migration_guide/rewriter.md#four-role
         run_dir=args.run_dir,
     )
 
