@@ -20,7 +20,9 @@ import math
 
 import pytest
 
-BATCH, NEW_TOKENS, PROMPT_TOKENS, LR, KL_COEF, TOP_K = 16, 12, 16, 5e-3, 0.1, 50
+from coati_compat.demo_legacy import NEW_TOKENS, PROMPT_TOKENS  # the legacy run's prompt and response lengths
+
+BATCH, LR, KL_COEF, TOP_K = 16, 5e-3, 0.1, 50
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -53,6 +54,38 @@ def _from_wire(arrays: Dict[str, Any]) -> Dict[str, torch.Tensor]:
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         out = {dt: torch.from_numpy(a) for dt, a in arrays.items()}
     return {dt: (t.view(torch.bfloat16) if dt == "bfloat16" else t) for dt, t in out.items()}
+
+
+class PackedStateDict(Mapping):
+    """A state dict as one flat buffer per dtype in the form Ray stores and reads back without pickling or copying
+    (numpy arrays): what a legacy trainer's weight push puts in the object store once for all its makers. It reads as
+    the state dict it packs (a ``Mapping`` of read-only tensor views, unpacked on first use): load it with
+    ``load_state_dict`` or copy a tensor before writing to it."""
+
+    def __init__(self, tensors: Dict[str, torch.Tensor]):
+        buffers, self.meta = flatten_state_dict(tensors)
+        self.arrays = _to_wire(buffers)
+        self._tensors: Optional[Dict[str, torch.Tensor]] = None
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"arrays": self.arrays, "meta": self.meta}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.arrays, self.meta, self._tensors = state["arrays"], state["meta"], None
+
+    def _unpacked(self) -> Dict[str, torch.Tensor]:
+        if self._tensors is None:
+            self._tensors = unflatten_state_dict(_from_wire(self.arrays), self.meta)
+        return self._tensors
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self._unpacked()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._unpacked())
+
+    def __len__(self) -> int:
+        return len(self.meta)
 
 
 @dataclass

@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 _PROMPT = re.compile(r"write the letter (\S) many times:(.*)", re.DOTALL)
 # 24 prompt tokens hold the toy prompts whole (23 tokens): a cut prompt left the reward scoring the prompt's own
 # letters, and an empty response became a trap the policy fell into in most seeds.
-_PROMPT_TOKENS, _NEW_TOKENS, _TIMEOUT_S = 24, 12, 1800
+PROMPT_TOKENS, NEW_TOKENS, _TIMEOUT_S = 24, 12, 1800
 
 
 def score_sequences(tokenizer: Any, sequences: torch.Tensor) -> torch.Tensor:
@@ -126,7 +126,7 @@ def _prompt_loader(model_path: str, csv_path: str, batch_size: int) -> Any:
     tokenizer.padding_side = "left"
 
     def tokenize(texts: List[str]) -> Dict[str, torch.Tensor]:
-        return dict(tokenizer(list(texts), return_tensors="pt", max_length=_PROMPT_TOKENS, padding="max_length",
+        return dict(tokenizer(list(texts), return_tensors="pt", max_length=PROMPT_TOKENS, padding="max_length",
                               truncation=True))
 
     prompts = list(pd.read_csv(csv_path)["prompt"])
@@ -198,7 +198,7 @@ def run_legacy_ppo(model_path: str, csv_path: str, run_dir: str, num_makers: int
                     detached_trainer_name_list=[trainers[t] for t in targets],
                     strategy_fn=partial(utils.get_strategy_from_args, "naive"),
                     model_fn=partial(_maker_models, model_path, seed + i), env_info=maker_envs[i], kl_coef=kl_coef,
-                    max_length=_PROMPT_TOKENS + _NEW_TOKENS, do_sample=True, temperature=1.0, top_k=50,
+                    max_length=PROMPT_TOKENS + NEW_TOKENS, do_sample=True, temperature=1.0, top_k=50,
                     pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, sampler=sampler))
             trainer_strategy = "naive" if num_trainers == 1 else "ddp"
             for i, name in enumerate(trainers):

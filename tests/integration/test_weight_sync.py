@@ -88,3 +88,17 @@ def test_wire_format_round_trips_every_dtype():
     back = unflatten_state_dict(_from_wire(_to_wire(buffers)), meta)
     for k, v in sd.items():
         assert back[k].dtype == v.dtype and torch.equal(back[k], v)
+
+
+def test_packed_state_dict_reads_as_the_state_dict_it_packs():
+    import pickle
+
+    from coati_relay.weight_sync import PackedStateDict
+
+    sd = {"w": torch.randn(3, 2).half(), "b": torch.randn(2).bfloat16(), "ids": torch.arange(4)}
+    packed = pickle.loads(pickle.dumps(PackedStateDict(sd)))  # as a maker receives it
+    assert len(packed) == 3 and list(packed) == list(sd) and "w" in packed
+    assert all(packed[k].dtype == v.dtype and torch.equal(packed[k], v) for k, v in sd.items())
+    layer = torch.nn.Linear(2, 3, bias=False).half()
+    layer.load_state_dict({"weight": packed["w"]})
+    assert torch.equal(layer.weight, sd["w"])

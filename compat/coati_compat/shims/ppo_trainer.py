@@ -7,7 +7,8 @@ both from ``coati_relay.algorithms``; one optimizer step each per batch (fp16/bf
 where the strategy keeps none; a non-finite loss or weight stops the run at its step). Weights go to the makers
 with the chunked ``update_experience_maker`` protocol: actor keys are Hugging Face model keys, critic keys
 ``Critic`` keys; after training only the trainable tensors (with ``update_lora_weights``, only
-``lora_A``/``lora_B``) go out, cast to fp16.
+``lora_A``/``lora_B``) go out, cast to fp16. Each shard goes into the object store once for all makers, packed as
+the engine's flat buffers (`coati_relay.weight_sync.PackedStateDict`, a read-only mapping of the same tensors).
 
 Non-legacy keywords: ``actor_lr`` and ``critic_lr`` set the learning rates (default: the legacy 1e-7);
 ``rpc_timeout_s`` bounds each step of a weight push. ``DetachedPPOTrainer`` is the Ray actor class.
@@ -30,6 +31,7 @@ from coati_compat.legacy.tables import LEGACY_LR
 from coati_compat.shims.finite_checks import check_losses, check_weights
 from coati_compat.shims.remote import legacy_actor_class, wait_refs
 from coati_compat.shims.trainer_base import TRAINER_CONCURRENCY_GROUPS, DetachedTrainer
+from coati_relay.weight_sync import PackedStateDict
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +142,7 @@ class DetachedPPOTrainerImpl(DetachedTrainer):
             for key, model in (("actor", self.actor), ("critic", self.critic)):
                 lora_config = self._get_model_lora_config_dict(model)
                 for shard in self._get_model_state_dict_shard(model, fully_update=fully_update, **config):
-                    shard_ref = ray.put(shard)  # one copy in the object store for every maker
+                    shard_ref = ray.put(PackedStateDict(shard))  # one flat copy in the object store for every maker
                     refs += [h.update_experience_maker.remote(
                         **{f"new_{key}_state_dict": shard_ref, f"new_{key}_lora_config_dict": lora_config},
                         fully_update=fully_update) for h in holders]
