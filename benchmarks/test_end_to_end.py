@@ -60,7 +60,10 @@ def test_legacy_api_run(benchmark, work, ray_session, setting, tmp_path, sampler
     _figures(run["history"], [b - a for a, b in zip(times, times[1:])], benchmark, work)
 
 
-def test_migrated_engine_run(benchmark, work, ray_session, setting, tmp_path):
+@pytest.mark.parametrize("n_behind", [0, 1], ids=["lock-step", "overlapped"])
+def test_migrated_engine_run(benchmark, work, ray_session, setting, tmp_path, n_behind):
+    """As the rewriter writes it (``n_behind=0``: on-policy lock-step), and with generation overlapping training
+    by one weight version (``n_behind=1``), as the legacy makers overlapped the trainers."""
     from coati_relay import launch_distributed
 
     model, steps, prompts, benchmark.group = setting
@@ -74,7 +77,7 @@ def test_migrated_engine_run(benchmark, work, ray_session, setting, tmp_path):
         generate_config={"max_new_tokens": NEW_TOKENS, "temperature": 1.0, "top_k": TOP_K, "top_p": 1.0},
         grpo_config={"lr": LR, "critic_lr": LR, "kl_coef": KL_COEF, "reward_fn_type": "toy_letter"},
         plugin_config={"plugin": "ddp"}, inference_backend="vllm", run_dir=str(tmp_path / "run"),
-        save_interval=10 ** 6, progress=False, timeout_s=600, project_name="e2e-bench")
+        save_interval=10 ** 6, progress=False, timeout_s=600, project_name="e2e-bench", n_behind=n_behind)
     result = benchmark.pedantic(launch_distributed, kwargs=kwargs, rounds=1, iterations=1)
     assert [h["step"] for h in result.history] == list(range(1, steps + 1))
     _figures(result.history, [h["round_s"] for h in result.history[1:]], benchmark, work)  # the consumer's clock
