@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import torch
 
@@ -26,6 +26,23 @@ from coati_relay.rollout import Rollout
 from coati_relay.run_config import RunConfig
 
 log = logging.getLogger(__name__)
+
+
+def fetch_or_none(refs: List[Any], timeout_s: float) -> List[Any]:
+    """The objects of ``refs``, with None for each one lost with its owner (``ObjectLostError``)."""
+    import ray
+    from ray.exceptions import ObjectLostError
+
+    try:
+        return ray.get(list(refs), timeout=timeout_s)
+    except ObjectLostError:
+        out = []
+        for ref in refs:
+            try:
+                out.append(ray.get(ref, timeout=timeout_s))
+            except ObjectLostError:
+                out.append(None)
+        return out
 
 
 class ConsumerWorker:
@@ -107,6 +124,27 @@ class ConsumerWorker:
         return self.publisher.publish(version, tensors=self.policy.state_dict_for_inference())
 
     # -- the loop --------------------------------------------------------------------------------------------
+    def _take(self, n: int, r: int) -> Tuple[List[Any], List[Rollout]]:
+        """``n`` queue entries for round ``r`` and their rollouts. A rollout whose object died with its producer
+        (the producer's node was lost after the entry left the queue) is reported to the queue, which puts its task
+        back on the board, and another entry replaces it."""
+        import ray
+
+        timeout = self.cfg.roles.timeout_s
+        entries: List[Any] = []
+        rollouts: List[Rollout] = []
+        while len(entries) < n:
+            got = ray.get(self.queue.get.remote(n - len(entries), timeout, r), timeout=timeout + 30)
+            fetched = fetch_or_none([e.payload[0] for e in got], timeout)
+            lost = [e for e, x in zip(got, fetched) if x is None]
+            if lost:
+                log.warning("consumer-%d: %d rollout(s) of %s died with their producer; their tasks go back on "
+                            "the board", self.rank, len(lost), sorted({e.producer for e in lost}))
+                ray.get(self.queue.entries_lost.remote([e.task for e in lost]), timeout=30)
+            entries += [e for e, x in zip(got, fetched) if x is not None]
+            rollouts += [x for x in fetched if x is not None]
+        return entries, rollouts
+
     def run(self) -> List[Dict[str, Any]]:
         """Trains every remaining round; returns this rank's metrics history."""
         import ray
@@ -118,9 +156,7 @@ class ConsumerWorker:
         while self.round < cfg.total_rounds:
             r = self.round
             t0 = time.perf_counter()
-            entries = ray.get(self.queue.get.remote(cfg.entries_per_consumer, cfg.roles.timeout_s, r),
-                              timeout=cfg.roles.timeout_s + 30)
-            rollouts = ray.get([e.payload[0] for e in entries], timeout=cfg.roles.timeout_s)
+            entries, rollouts = self._take(cfg.entries_per_consumer, r)
             wait_s = time.perf_counter() - t0
             batch = Rollout.concat(rollouts, self.tokenizer.pad_token_id)
             t1 = time.perf_counter()

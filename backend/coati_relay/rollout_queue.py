@@ -53,7 +53,7 @@ class RolloutQueueState:
         self.maxsize = maxsize
         self.staleness = staleness
         self.entries: Deque[QueueEntry] = collections.deque()
-        self.produced = self.consumed = self.dropped = 0
+        self.produced = self.consumed = self.dropped = self.lost = 0
         self.produced_size = self.consumed_size = self.dropped_size = 0
         self.closed = False
         self.close_reason = ""
@@ -116,7 +116,7 @@ class RolloutQueueState:
             "produced": self.produced, "consumed": self.consumed, "dropped": self.dropped,
             "in_flight": len(self.entries),
             "produced_samples": self.produced_size, "consumed_samples": self.consumed_size,
-            "dropped_samples": self.dropped_size, "closed": self.closed,
+            "dropped_samples": self.dropped_size, "lost": self.lost, "closed": self.closed,
         }
 
 
@@ -191,6 +191,14 @@ class RolloutQueueActor:
     async def watch(self) -> None:
         """Pending for the actor's life: see `coati_relay.waiting.until_cancelled`."""
         await until_cancelled()
+
+    async def entries_lost(self, tasks: List[Optional[int]]) -> List[int]:
+        """A consumer took entries whose objects died with their producer: their tasks go back on the board
+        (unless the producer's death already put them there); returns the tasks requeued now."""
+        requeued = self.board.requeue([t for t in tasks if t is not None])
+        self.state.lost += len(tasks)
+        await self._notify()
+        return requeued
 
     async def producer_died(self, producer: str) -> List[int]:
         """Drops ``producer``'s entries and puts its tasks back on the board; returns the requeued tasks."""

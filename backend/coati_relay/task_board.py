@@ -44,6 +44,13 @@ class TaskBoard:
         if task is not None:
             self._claimed.pop(task, None)
 
+    def requeue(self, tasks: Iterable[int]) -> List[int]:
+        """Puts back tasks whose rollouts were lost after they left the queue, except those already waiting on the
+        board or claimed again; returns the ones put back."""
+        back = [t for t in tasks if t not in self._requeued and t not in self._claimed]
+        self._requeued.extend(back)
+        return back
+
     def producer_died(self, producer: str, queued_tasks: Iterable[int]) -> List[int]:
         """Puts back the tasks ``producer`` had claimed and ``queued_tasks`` (its dropped rollouts); returns them
         sorted. The producer may claim nothing more."""

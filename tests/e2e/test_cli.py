@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 
 def _cli(*args, cwd):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_ADDRESS": ""}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_ADDRESS": "local"}  # a new cluster, never a stale one
     return subprocess.run([sys.executable, "-m", "coati_relay.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 

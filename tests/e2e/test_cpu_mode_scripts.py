@@ -38,8 +38,9 @@ def gpt2_path(tmp_path_factory):
 
 def legacy_run(script: Path, args, cwd: Path) -> str:
     """``coati-relay legacy-run SCRIPT ARGS`` in a fresh process; returns its combined output."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "COATI_RELAY_CPU_MODE")}
-    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", RAY_DEDUP_LOGS="0")
+    env = {k: v for k, v in os.environ.items() if k != "COATI_RELAY_CPU_MODE"}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", RAY_DEDUP_LOGS="0",
+               RAY_ADDRESS="local")  # a new local cluster, never one a crashed test left in /tmp/ray
     cli = shutil.which("coati-relay", path=os.path.dirname(sys.executable))
     proc = subprocess.run([cli, "legacy-run", str(script), *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=480)

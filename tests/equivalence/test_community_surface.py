@@ -51,15 +51,22 @@ def test_colossalai_strategy_rejects_what_the_legacy_one_asserted(kwargs, messag
 
 
 def test_bloom_tokenizer_fast_is_back_and_pads_left(tmp_path):
-    import coati.models.gpt  # noqa: F401  (importing the legacy surface restores moved transformers names)
-    from transformers import BloomTokenizerFast
-
+    """In a fresh interpreter, as a script meets it: the legacy imports first, then transformers'."""
     from coati_relay.toy import build_tokenizer
 
     build_tokenizer().save_pretrained(tmp_path)
-    tokenizer = BloomTokenizerFast.from_pretrained(tmp_path)
-    batch = tokenizer(["a", "write the letter"], padding=True, return_tensors="pt")
-    assert tokenizer.padding_side == "left" and batch["attention_mask"][0, 0] == 0
+    code = textwrap.dedent(f"""
+        import warnings
+        warnings.simplefilter("ignore")
+        from coati.models.gpt import GPTActor
+        from transformers import BloomTokenizerFast
+        tokenizer = BloomTokenizerFast.from_pretrained({str(tmp_path)!r})
+        batch = tokenizer(["a", "write the letter"], padding=True, return_tensors="pt")
+        print(tokenizer.padding_side, int(batch["attention_mask"][0, 0]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-2:] == ["left", "0"]
 
 
 def test_prepared_actor_generates_and_scores_as_in_the_script(tmp_path):

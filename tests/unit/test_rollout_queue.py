@@ -114,3 +114,37 @@ def test_actor_staleness_and_close(ray_cluster):
     ray.get(q.close.remote("run failed: producer-0 died"))
     with pytest.raises(QueueClosed, match="producer-0 died"):
         ray.get(waiting, timeout=10)
+
+
+def test_task_board_requeues_lost_rollouts_once():
+    board = TaskBoard(total_tasks=3)
+    assert [board.claim("p0"), board.claim("p1")] == [0, 1]
+    board.finished(0)
+    board.finished(1)
+    assert board.requeue([0]) == [0] and board.requeue([0]) == [], "already waiting on the board"
+    assert board.claim("p1") == 0, "a lost rollout's task is taken before new ones"
+    assert board.requeue([0]) == [], "claimed again: not put back twice"
+    assert board.counters()["tasks_requeued"] == 0
+
+
+def test_consumer_replaces_a_rollout_that_died_with_its_producer(ray_cluster, monkeypatch):
+    """An entry taken from the queue whose object was lost with its producer's node (stood in for by
+    ``fetch_or_none`` answering None for it): its task goes back on the board and the next entry replaces it."""
+    from types import SimpleNamespace
+
+    from coati_relay import consumer
+
+    ray = ray_cluster
+    q = make_rollout_queue(total_tasks=3)
+    refs = {value: ray.put(value) for value in ("lost", "kept", "next")}
+    for task, (value, producer) in enumerate((("lost", "p0"), ("kept", "p1"), ("next", "p1"))):
+        ray.get(q.put.remote([refs[value]], 0, producer=producer, task=task), timeout=30)
+    fetch = consumer.fetch_or_none
+    monkeypatch.setattr(consumer, "fetch_or_none",
+                        lambda rs, timeout_s: [None if r == refs["lost"] else x for r, x in zip(rs, fetch(rs, 10))])
+    worker = SimpleNamespace(cfg=SimpleNamespace(roles=SimpleNamespace(timeout_s=10)), queue=q, rank=0)
+    entries, rollouts = consumer.ConsumerWorker._take(worker, 2, 0)
+    assert rollouts == ["kept", "next"] and [e.task for e in entries] == [1, 2]
+    c = ray.get(q.counters.remote(), timeout=30)
+    assert c["lost"] == 1 and c["tasks_requeued"] == 1, c
+    assert ray.get(q.claim_task.remote("p1"), timeout=30) == 0, "the lost rollout's task is produced again"

@@ -272,7 +272,7 @@ def test_migrated_script_runs_end_to_end(migrations, tiny_model_path, tmp_path):
     csv = write_toy_dataset(tmp_path / "prompts.csv", num_prompts=16, fmt="csv")
     script = tmp_path / "ppo_many_roles_relay.py"
     script.write_text(migrations["ppo_many_roles.py"].script)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", RAY_ADDRESS="", RAY_DEDUP_LOGS="0")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", RAY_ADDRESS="local", RAY_DEDUP_LOGS="0")
     done = subprocess.run(
         [sys.executable, str(script), "--pretrain", tiny_model_path, "--critic_pretrain", tiny_model_path,
          "--prompt_path", str(csv), "--prompt_tokens", "96", "--max_length", "104", "--num_episodes", "1",
