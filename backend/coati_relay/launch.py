@@ -173,6 +173,7 @@ class _Supervisor:
         self.cfg = cfg
         self.queue = queue
         self.names = names
+        self.services = {name: actor for actor, name in services.items()}
         self.watch = {actor.watch.remote(): name for actor, name in services.items()}
         self.counters: Dict[str, Any] = {}
         self.seen = 0
@@ -183,17 +184,23 @@ class _Supervisor:
 
         ready, _ = ray.wait(list(self.watch), num_returns=len(self.watch), timeout=timeout_s)
         for ref in ready:
+            name = self.watch[ref]
             try:
                 ray.get(ref)
+            except ray.exceptions.ActorUnavailableError as exc:  # a transient RPC failure (a node left): watch again
+                log.warning("the %s actor was briefly unreachable (%s); watching it again", name, _short(exc, 200))
+                del self.watch[ref]
+                self.watch[self.services[name].watch.remote()] = name
+                continue
             except Exception as exc:
-                return f"the {self.watch[ref]} actor died ({_short(exc, 300)})"
-            return f"the {self.watch[ref]} actor stopped watching"
+                return f"the {name} actor died ({_short(exc, 300)})"
+            return f"the {name} actor stopped watching"
         return None
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str, dead: Optional[str] = None) -> None:
         import ray
 
-        dead = self._dead_service(timeout_s=1.0)
+        dead = dead or self._dead_service(timeout_s=1.0)
         if dead and not message.startswith(dead):
             message = f"{dead}; first seen as: {message}"
         try:
@@ -224,7 +231,10 @@ class _Supervisor:
 
         ready, _ = ray.wait(list(pending) + list(self.watch), num_returns=1, timeout=timeout_s)
         if ready and ready[0] in self.watch:
-            self._fail(self._dead_service() or f"the {self.watch[ready[0]]} actor stopped")
+            dead = self._dead_service()
+            if dead:
+                self._fail(dead)
+            return None  # only briefly unreachable: watched again
         return ready[0] if ready else None
 
     def wait_all(self, refs: List[Any], actors: List[Any], what: str) -> List[Any]:
@@ -269,12 +279,13 @@ class _Supervisor:
                 results[actor] = ray.get(ref)
             except Exception as exc:
                 may_continue = self.cfg.roles.on_producer_failure == "continue" and alive_producers > 1
-                if name.startswith("producer") and may_continue and not self._dead_service(timeout_s=1.0):
+                dead = self._dead_service(timeout_s=1.0) if name.startswith("producer") and may_continue else None
+                if name.startswith("producer") and may_continue and not dead:
                     alive_producers -= 1
                     lost = ray.get(self.queue.producer_died.remote(name), timeout=30)
                     log.warning("%s died (%s); its tasks %s go to the other producers", name, _short(exc), lost)
                     continue
-                self._fail(f"{name} died: {_short(exc)}")
+                self._fail(f"{name} died: {_short(exc)}", dead)
         self._poll(on_report)  # reports posted after the last poll, and the final counters
         return results
 

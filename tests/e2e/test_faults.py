@@ -139,21 +139,21 @@ def test_ctrl_c_stops_every_actor_and_a_second_run_starts(ray_cluster, tiny_mode
 def test_run_killed_between_checkpoints_resumes_without_losing_a_step(ray_cluster, tiny_model_path, data, tmp_path):
     """Killed after step 5 or later with a checkpoint every 4 steps; resumed from the run directory, it redoes the
     steps after the checkpoint from its state: the log, the step numbers and the optimizer's step count all continue
-    as if never stopped (10 rounds, one optimizer step each)."""
+    as if never stopped (16 rounds, one optimizer step each; 16 leave the kill time to land on a busy host)."""
     from coati_relay import launch_distributed
     from coati_relay.checkpoint import list_checkpoints
 
-    run_dir = tmp_path / "run"
-    kwargs = small_run(tiny_model_path, data, run_dir, num_episodes=5, save_interval=4)
+    run_dir, rounds = tmp_path / "run", 16
+    kwargs = small_run(tiny_model_path, data, run_dir, num_episodes=rounds // 2, save_interval=4)
     run_to_failure(kill_actor(ray_cluster, "consumer-0"), kwargs, after_steps=5)
     saved_step = json.loads((list_checkpoints(run_dir)[-1] / "state.json").read_text())["step"]
-    assert saved_step in (4, 8), "the kill lands before the last round"
+    assert saved_step in (4, 8, 12), "the kill lands before the last round"
     resumed = launch_distributed(**{**kwargs, "resume_from": str(run_dir)})
-    assert [h["step"] for h in resumed.history] == list(range(saved_step + 1, 11))
+    assert [h["step"] for h in resumed.history] == list(range(saved_step + 1, rounds + 1))
     assert resumed.history[0]["rollout_version_min"] == saved_step, "producers start from the checkpoint's weights"
     assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == \
-        list(range(1, 11)), "each step logged once"
+        list(range(1, rounds + 1)), "each step logged once"
     adam = torch.load(list_checkpoints(run_dir)[-1] / "policy" / "optimizer.pt", map_location="cpu")
     steps = {int(s["step"]) for s in adam["state"].values()}
-    assert steps == {10}, f"one optimizer step per round over 10 rounds, got {steps}"
-    assert balanced(resumed.counters) and resumed.counters["consumed"] == 10 - saved_step
+    assert steps == {rounds}, f"one optimizer step per round over {rounds} rounds, got {steps}"
+    assert balanced(resumed.counters) and resumed.counters["consumed"] == rounds - saved_step
