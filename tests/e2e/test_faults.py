@@ -112,7 +112,8 @@ def test_ctrl_c_stops_every_actor_and_a_second_run_starts(ray_cluster, tiny_mode
 
     from coati_relay import launch_distributed
 
-    kwargs = small_run(tiny_model_path, data, tmp_path / "interrupted", project_name="ctrl-c")
+    kwargs = small_run(tiny_model_path, data, tmp_path / "interrupted", project_name="ctrl-c",
+                       rounds=300)  # far more than can finish before the interrupt, however fast the host
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     driver = subprocess.Popen([sys.executable, "-c", CTRL_C_DRIVER, ray_cluster.get_runtime_context().gcs_address,
                                repr(kwargs)], stderr=subprocess.PIPE, text=True, env=env)
