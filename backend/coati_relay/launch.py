@@ -278,9 +278,10 @@ class _Supervisor:
             try:
                 results[actor] = ray.get(ref)
             except Exception as exc:
-                may_continue = self.cfg.roles.on_producer_failure == "continue" and alive_producers > 1
-                dead = self._dead_service(timeout_s=1.0) if name.startswith("producer") and may_continue else None
-                if name.startswith("producer") and may_continue and not dead:
+                failover = (name.startswith("producer") and self.cfg.roles.on_producer_failure == "continue"
+                            and alive_producers > 1)
+                dead = self._dead_service(timeout_s=1.0) if failover else None
+                if failover and not dead:
                     alive_producers -= 1
                     lost = ray.get(self.queue.producer_died.remote(name), timeout=30)
                     log.warning("%s died (%s); its tasks %s go to the other producers", name, _short(exc), lost)
