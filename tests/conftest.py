@@ -1,6 +1,7 @@
 """Shared fixtures: one Ray cluster per test session, tiny local models, offline Hugging Face."""
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -34,6 +35,7 @@ def ray_cluster():
         ray.init(address="local", num_cpus=8, include_dashboard=False, namespace="coati-relay-tests",
                  log_to_driver=False, configure_logging=False)
     yield ray
+    gc.collect()  # object refs and actor handles left in reference cycles are released while the worker is alive
     ray.shutdown()
 
 
