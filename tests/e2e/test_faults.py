@@ -39,9 +39,12 @@ def run_to_failure(fault, kwargs, after_steps: int = 2):
 
     trigger = AfterSteps(kwargs["run_dir"], after_steps, fault)
     trigger.start()
-    with pytest.raises(RunFailed) as err:
+    try:
         launch_distributed(**kwargs)
-    return err.value, trigger.seconds_since_fired()
+    except RunFailed as err:
+        return err, trigger.seconds_since_fired()
+    fired = f"it raised {trigger.error!r}" if trigger.error else f"fired: {trigger.fired_at is not None}"
+    pytest.fail(f"the run ended without RunFailed; the fault after {after_steps} steps {fired}")
 
 
 @pytest.mark.parametrize("role,named", [("consumer-1", "consumer-1"), ("rollout-queue", "rollout queue actor died"),
