@@ -140,7 +140,8 @@ class ConsumerWorker:
             if lost:
                 log.warning("consumer-%d: %d rollout(s) of %s died with their producer; their tasks go back on "
                             "the board", self.rank, len(lost), sorted({e.producer for e in lost}))
-                ray.get(self.queue.entries_lost.remote([e.task for e in lost]), timeout=30)
+            ray.get(self.queue.entries_taken.remote([e.task for e, x in zip(got, fetched) if x is not None],
+                                                    [e.task for e in lost]), timeout=30)
             entries += [e for e, x in zip(got, fetched) if x is not None]
             rollouts += [x for x in fetched if x is not None]
         return entries, rollouts

@@ -6,7 +6,8 @@ made it. A producer owns the objects it put, so when it dies its queued entries 
 tasks go back on the board.
 
 Staleness bound ``k``: a consumer at weight version ``v`` accepts entries made by versions ``>= v - k``; older ones
-are dropped and counted. Conservation holds at every moment: ``produced == consumed + dropped + in_flight``.
+are dropped, counted, and their tasks made again. Conservation holds at every moment:
+``produced == consumed + dropped + in_flight``.
 
 The queue actor hosts three small components: this hand-off (`RolloutQueueState`), the `TaskBoard` producers claim
 their tasks from (`coati_relay.task_board`), and the `ReportLog` of consumer metrics the driver reads
@@ -71,22 +72,22 @@ class RolloutQueueState:
         self.produced += 1
         self.produced_size += entry.size
 
-    def drop_stale(self, consumer_version: Optional[int]) -> int:
-        """Drops entries older than ``consumer_version - staleness``; returns how many."""
+    def drop_stale(self, consumer_version: Optional[int]) -> List[QueueEntry]:
+        """Drops entries older than ``consumer_version - staleness``; returns them."""
         if consumer_version is None or self.staleness is None:
-            return 0
+            return []
         oldest_ok = consumer_version - self.staleness
         kept: Deque[QueueEntry] = collections.deque()
-        n = 0
+        dropped = []
         for e in self.entries:
             if e.version < oldest_ok:
-                n += 1
+                dropped.append(e)
                 self.dropped += 1
                 self.dropped_size += e.size
             else:
                 kept.append(e)
         self.entries = kept
-        return n
+        return dropped
 
     def pop(self, n: int) -> List[QueueEntry]:
         if len(self.entries) < n:
@@ -159,7 +160,9 @@ class RolloutQueueActor:
             raise ValueError(f"RolloutQueue.get: n must be >= 1, got {n}")
 
         def ready() -> bool:
-            if self.state.drop_stale(consumer_version):
+            stale = self.state.drop_stale(consumer_version)
+            if stale:  # made again, with newer weights
+                self.board.requeue([e.task for e in stale if e.task is not None])
                 asyncio.get_event_loop().create_task(self._notify())
             return len(self.state.entries) >= n
 
@@ -192,11 +195,13 @@ class RolloutQueueActor:
         """Pending for the actor's life: see `coati_relay.waiting.until_cancelled`."""
         await until_cancelled()
 
-    async def entries_lost(self, tasks: List[Optional[int]]) -> List[int]:
-        """A consumer took entries whose objects died with their producer: their tasks go back on the board
-        (unless the producer's death already put them there); returns the tasks requeued now."""
-        requeued = self.board.requeue([t for t in tasks if t is not None])
-        self.state.lost += len(tasks)
+    async def entries_taken(self, fetched: List[Optional[int]], lost: List[Optional[int]]) -> List[int]:
+        """A consumer fetched the rollouts of the tasks ``fetched`` (settled: they can no longer be lost), and
+        found those of ``lost`` died with their producer: these go back on the board (unless the producer's death
+        already put them there). Returns the tasks requeued now."""
+        self.board.settled(fetched)
+        requeued = self.board.requeue([t for t in lost if t is not None])
+        self.state.lost += len(lost)
         await self._notify()
         return requeued
 

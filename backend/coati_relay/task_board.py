@@ -1,8 +1,10 @@
 """`TaskBoard`: which producer runs which task (a micro-batch of prompts, by global index).
 
 Tasks ``first_task .. total_tasks - 1`` are handed out in order; a task is claimed until its rollout is queued
-(`finished`). When a producer dies, the tasks it had claimed, and those of its queued rollouts (their objects died
-with it), go back on the board, and another producer takes them before any new task.
+(`finished`), and its rollout is unsettled until a consumer has fetched it (`settled`). When a producer dies, the
+tasks it had claimed, and those of its queued rollouts (their objects died with it), go back on the board, and
+another producer takes them before any new task. Producers stay while any rollout is unsettled, so a rollout lost
+after it left the queue (`requeue`) still finds a producer to make it again.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ class TaskBoard:
         self._next = first_task
         self._requeued: Deque[int] = collections.deque()
         self._claimed: Dict[int, str] = {}
+        self._unsettled: Set[int] = set()
         self.dead_producers: Set[str] = set()
         self.closed = False
 
@@ -35,18 +38,26 @@ class TaskBoard:
             task = self._next
             self._next += 1
         else:
-            return -1 if (self._claimed or requeued_only) and not self.closed else None
+            busy = self._claimed or self._unsettled or requeued_only
+            return -1 if busy and not self.closed else None
         self._claimed[task] = producer
         return task
 
     def finished(self, task: Optional[int]) -> None:
-        """The rollout of ``task`` is queued: it is no longer claimed."""
+        """The rollout of ``task`` is queued: it is no longer claimed, and unsettled until a consumer fetches it."""
         if task is not None:
             self._claimed.pop(task, None)
+            self._unsettled.add(task)
+
+    def settled(self, tasks: Iterable[Optional[int]]) -> None:
+        """A consumer holds the rollouts of ``tasks``: they can no longer be lost with their producer."""
+        self._unsettled.difference_update(tasks)
 
     def requeue(self, tasks: Iterable[int]) -> List[int]:
         """Puts back tasks whose rollouts were lost after they left the queue, except those already waiting on the
         board or claimed again; returns the ones put back."""
+        tasks = list(tasks)
+        self._unsettled.difference_update(tasks)
         back = [t for t in tasks if t not in self._requeued and t not in self._claimed]
         self._requeued.extend(back)
         return back
@@ -58,10 +69,13 @@ class TaskBoard:
         lost = [t for t, p in self._claimed.items() if p == producer]
         for t in lost:
             del self._claimed[t]
-        lost = sorted(lost + list(queued_tasks))
+        queued_tasks = list(queued_tasks)
+        self._unsettled.difference_update(queued_tasks)
+        lost = sorted(lost + queued_tasks)
         self._requeued.extend(lost)
         return lost
 
     def counters(self) -> Dict[str, Any]:
-        return {"tasks_claimed": len(self._claimed), "tasks_requeued": len(self._requeued), "next_task": self._next,
+        return {"tasks_claimed": len(self._claimed), "tasks_unsettled": len(self._unsettled),
+                "tasks_requeued": len(self._requeued), "next_task": self._next,
                 "dead_producers": sorted(self.dead_producers)}

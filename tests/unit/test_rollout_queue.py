@@ -30,7 +30,7 @@ def test_state_staleness_drops_old_versions():
     q = RolloutQueueState(staleness=1)
     for v in (0, 1, 2, 3):
         q.put(QueueEntry(payload=v, version=v))
-    assert q.drop_stale(consumer_version=3) == 2  # versions 0 and 1 are older than 3 - 1
+    assert [e.version for e in q.drop_stale(consumer_version=3)] == [0, 1]  # older than 3 - 1
     assert [e.version for e in q.entries] == [2, 3]
     assert _conserved(q.counters())
 
@@ -38,7 +38,7 @@ def test_state_staleness_drops_old_versions():
 def test_state_no_staleness_bound_keeps_everything():
     q = RolloutQueueState(staleness=None)
     q.put(QueueEntry(payload=0, version=0))
-    assert q.drop_stale(consumer_version=100) == 0
+    assert q.drop_stale(consumer_version=100) == []
 
 
 def test_state_negative_staleness_rejected():
@@ -55,17 +55,20 @@ def test_task_board_hands_out_each_task_once_and_requeues_on_death():
     assert board.producer_died("p0", q.drop_producer("p0")) == [0, 2]
     c = q.counters()
     assert c["dropped"] == 1 and _conserved(c)
-    assert board.counters() == {"tasks_claimed": 1, "tasks_requeued": 2, "next_task": 3, "dead_producers": ["p0"]}
+    assert board.counters() == {"tasks_claimed": 1, "tasks_unsettled": 0, "tasks_requeued": 2, "next_task": 3,
+                                "dead_producers": ["p0"]}
     assert [board.claim("p1"), board.claim("p1"), board.claim("p1")] == [0, 2, 3]
     assert board.claim("p1") == -1  # tasks still in flight: ask again later
     with pytest.raises(RuntimeError, match="declared dead"):
         board.claim("p0")
 
 
-def test_task_board_empty_returns_none():
+def test_task_board_ends_once_every_rollout_is_settled():
     board = TaskBoard(total_tasks=1)
     assert board.claim("p") == 0
     board.finished(0)
+    assert board.claim("p") == -1, "queued, not yet fetched: it may still be lost with its producer"
+    board.settled([0])
     assert board.claim("p") is None
     assert TaskBoard(total_tasks=3, first_task=2).claim("p") == 2  # a resumed run starts at its first task
 
@@ -103,13 +106,15 @@ def test_actor_backpressure_timeout_and_conservation(ray_cluster):
 @pytest.mark.slow
 def test_actor_staleness_and_close(ray_cluster):
     ray = ray_cluster
-    q = make_rollout_queue(staleness=0)
+    q = make_rollout_queue(staleness=0, total_tasks=2)
     for v in (0, 1):
-        ray.get(q.put.remote([ray.put(v)], v, timeout_s=5))
+        assert ray.get(q.claim_task.remote("p0"), timeout=30) == v
+        ray.get(q.put.remote([ray.put(v)], v, producer="p0", task=v, timeout_s=5))
     entries = ray.get(q.get.remote(1, timeout_s=5, consumer_version=1), timeout=30)
     assert [e.version for e in entries] == [1]
     c = ray.get(q.counters.remote())
     assert c["dropped"] == 1 and _conserved(c)
+    assert ray.get(q.claim_task.remote("p0"), timeout=30) == 0, "the stale rollout's task is made again"
     waiting = q.get.remote(1, timeout_s=30)
     ray.get(q.close.remote("run failed: producer-0 died"))
     with pytest.raises(QueueClosed, match="producer-0 died"):
@@ -125,6 +130,15 @@ def test_task_board_requeues_lost_rollouts_once():
     assert board.claim("p1") == 0, "a lost rollout's task is taken before new ones"
     assert board.requeue([0]) == [], "claimed again: not put back twice"
     assert board.counters()["tasks_requeued"] == 0
+    board.settled([1])
+    assert board.claim("p0") == 2
+    board.finished(0)
+    board.finished(2)
+    assert board.claim("p0") == -1, "the last rollouts are not yet fetched: the producers stay"
+    assert board.requeue([2]) == [2] and board.claim("p0") == 2, "a rollout lost at the very end is made again"
+    board.finished(2)
+    board.settled([0, 2])
+    assert board.claim("p0") is None and board.counters()["tasks_unsettled"] == 0
 
 
 def test_consumer_replaces_a_rollout_that_died_with_its_producer(ray_cluster, monkeypatch):
@@ -146,5 +160,5 @@ def test_consumer_replaces_a_rollout_that_died_with_its_producer(ray_cluster, mo
     entries, rollouts = consumer.ConsumerWorker._take(worker, 2, 0)
     assert rollouts == ["kept", "next"] and [e.task for e in entries] == [1, 2]
     c = ray.get(q.counters.remote(), timeout=30)
-    assert c["lost"] == 1 and c["tasks_requeued"] == 1, c
+    assert c["lost"] == 1 and c["tasks_requeued"] == 1 and c["tasks_unsettled"] == 0, c
     assert ray.get(q.claim_task.remote("p1"), timeout=30) == 0, "the lost rollout's task is produced again"
