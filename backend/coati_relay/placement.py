@@ -139,12 +139,14 @@ def reserve(requests: Sequence[RoleRequest], strategy: str, timeout_s: float):
 def on_head_node() -> Dict[str, Any]:
     """Actor options that keep a service actor (the rollout queue, the weight store) on the cluster's head node:
     they hold no model, and a worker node lost mid-run must not take the run's bookkeeping with it (the head going
-    down ends the cluster anyway). Soft: where Ray names no head node, Ray places them."""
+    down ends the cluster anyway). Hard: a soft affinity lets Ray spill the actor to a worker node when the head's
+    raylet is busy starting workers (seen with four raylets on one host). Where Ray names no head node, Ray places
+    them."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     heads = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and HEAD_RESOURCE in n.get("Resources", {})]
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(heads[0], soft=True)} if heads else {}
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(heads[0], soft=False)} if heads else {}
 
 
 def node_id() -> str:

@@ -60,6 +60,9 @@ def main(model: str, data: str, run_dir: str, report_path: str) -> None:
     try:
         run_all(cluster, nodes, model, data, run_dir, report_path)
     finally:
+        import ray
+
+        ray.shutdown()  # Cluster.shutdown refuses to remove the head node while this driver is connected to it
         cluster.shutdown()  # also forgets the cluster's address, which a later ray.init() would try to join
 
 
@@ -90,7 +93,6 @@ def run_all(cluster, nodes, model: str, data: str, run_dir: str, report_path: st
     report["node_removed"]["removal_to_recovery_s"] = (None if not removed_at or deaths.died_at is None
                                                       else deaths.died_at - removed_at[0])
     Path(report_path).write_text(json.dumps(report, indent=1))
-    ray.shutdown()
 
 
 if __name__ == "__main__":
