@@ -45,7 +45,7 @@ class RunResult:
     counters: Dict[str, Any]
     producer_stats: List[Dict[str, Any]] = field(default_factory=list)
     setup_s: float = 0.0
-    nodes: Dict[str, str] = field(default_factory=dict)  # role ("producer-0", "consumer-1") -> Ray node id
+    nodes: Dict[str, str] = field(default_factory=dict)  # role or service ("producer-0", "weight-store") -> node id
 
 
 def launch_distributed(**kwargs: Any) -> RunResult:
@@ -129,6 +129,8 @@ def run(cfg: RunConfig) -> RunResult:
                       + [p.setup.remote(addr, weight_port) for p in producers])
         setups = supervisor.wait_all(setup_refs, list(names.keys()), what="set-up")
         nodes = {s["role"]: s["node"] for s in setups}
+        nodes.update(zip(("rollout-queue", "weight-store"), ray.get([queue.node.remote(), store.node.remote()],
+                                                                     timeout=30)))
         setup_s = time.perf_counter() - t_start
         logger = MetricsLogger(cfg.checkpointing.run_dir, drop_after=start_round if start_round else None)
         bar = ProgressBar(cfg.total_rounds, desc=f"{cfg.core_algo} {cfg.project_name}", enabled=cfg.progress)

@@ -195,6 +195,12 @@ class RolloutQueueActor:
         """Pending for the actor's life: see `coati_relay.waiting.until_cancelled`."""
         await until_cancelled()
 
+    def node(self) -> str:
+        """The Ray node this actor runs on."""
+        from coati_relay.placement import node_id
+
+        return node_id()
+
     async def entries_taken(self, fetched: List[Optional[int]], lost: List[Optional[int]]) -> List[int]:
         """A consumer fetched the rollouts of the tasks ``fetched`` (settled: they can no longer be lost), and
         found those of ``lost`` died with their producer: these go back on the board (unless the producer's death

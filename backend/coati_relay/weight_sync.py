@@ -128,6 +128,12 @@ class WeightStoreActor:
         """Pending for the actor's life: see `coati_relay.waiting.until_cancelled`."""
         await until_cancelled()
 
+    def node(self) -> str:
+        """The Ray node this actor runs on."""
+        from coati_relay.placement import node_id
+
+        return node_id()
+
 
 def make_weight_store(name: Optional[str] = None, namespace: Optional[str] = None, **options: Any):
     """Starts a `WeightStoreActor` (no CPU reserved) and returns its handle; ``options``: more Ray actor options."""

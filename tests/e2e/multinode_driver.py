@@ -33,7 +33,7 @@ def start_cluster():
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    nodes = {"gen-a": cluster.add_node(num_cpus=1, resources={"gen": 1}),
+    nodes = {"head": cluster.head_node, "gen-a": cluster.add_node(num_cpus=1, resources={"gen": 1}),
              "gen-b": cluster.add_node(num_cpus=1, resources={"gen": 1}),
              "train": cluster.add_node(num_cpus=2, resources={"train": 2})}
     cluster.wait_for_nodes()

@@ -33,6 +33,7 @@ def test_roles_run_where_pinned_and_reward_rises(report, mode):
     roles = run["roles"]
     assert {roles["producer-0"], roles["producer-1"]} == {"gen-a", "gen-b"}, roles
     assert roles["consumer-0"] == roles["consumer-1"] == "train", roles
+    assert roles["rollout-queue"] == roles["weight-store"] == "head", "a lost worker node cannot take them along"
     assert run["steps"] == list(range(1, 11))
     start, end = run["reward"]
     assert end > start + 0.1, f"{mode}: reward {start:.3f} -> {end:.3f}"

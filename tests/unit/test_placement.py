@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from coati_relay.placement import PlacementError, RoleRequest, check_satisfiable, role_requests
+from coati_relay.placement import PlacementError, RoleRequest, autoscaler_configured, check_satisfiable, role_requests
 
 
 def node(ip, **resources):
@@ -59,6 +59,9 @@ def test_unschedulable_run_fails_in_seconds_naming_the_role(ray_cluster, tiny_mo
     from coati_relay.toy import write_toy_dataset
 
     data = write_toy_dataset(tmp_path / "p.jsonl", num_prompts=8)
+    deadline = time.monotonic() + 30
+    while autoscaler_configured() is None and time.monotonic() < deadline:  # a fresh cluster's monitor writes it
+        time.sleep(0.5)
     t0 = time.monotonic()
     with pytest.raises(PlacementError, match=r"producer-0 asks for .*'inference_node': 1.0.*no node can hold.*"
                                              r"This cluster has no autoscaler to add such a node"):
