@@ -16,6 +16,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from coati_relay.waiting import until_cancelled
+
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -147,6 +149,18 @@ def on_head_node() -> Dict[str, Any]:
 
     heads = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and HEAD_RESOURCE in n.get("Resources", {})]
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(heads[0], soft=False)} if heads else {}
+
+
+class ServiceActor:
+    """Base of the run's service actors (the rollout queue, the weight store): what the driver asks of each."""
+
+    async def watch(self) -> None:
+        """Pending for the actor's life: see `coati_relay.waiting.until_cancelled`."""
+        await until_cancelled()
+
+    def node(self) -> str:
+        """The Ray node this actor runs on."""
+        return node_id()
 
 
 def node_id() -> str:

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from coati_relay.metrics import ReportLog
+from coati_relay.placement import ServiceActor
 from coati_relay.task_board import TaskBoard
-from coati_relay.waiting import until_cancelled, wait_until
+from coati_relay.waiting import wait_until
 
 
 class QueueClosed(RuntimeError):
@@ -121,7 +122,7 @@ class RolloutQueueState:
         }
 
 
-class RolloutQueueActor:
+class RolloutQueueActor(ServiceActor):
     """Async Ray actor: the hand-off with blocking put/get and timeouts, the task board, the report log (see
     `make_rollout_queue`)."""
 
@@ -190,16 +191,6 @@ class RolloutQueueActor:
     def progress(self, since: int = 0) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
         """(the reports posted after the first ``since``, the counters): what the driver polls every second."""
         return self.log.since(since), self.counters()
-
-    async def watch(self) -> None:
-        """Pending for the actor's life: see `coati_relay.waiting.until_cancelled`."""
-        await until_cancelled()
-
-    def node(self) -> str:
-        """The Ray node this actor runs on."""
-        from coati_relay.placement import node_id
-
-        return node_id()
 
     async def entries_taken(self, fetched: List[Optional[int]], lost: List[Optional[int]]) -> List[int]:
         """A consumer fetched the rollouts of the tasks ``fetched`` (settled: they can no longer be lost), and

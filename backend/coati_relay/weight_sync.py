@@ -16,7 +16,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from coati_relay.waiting import until_cancelled, wait_until
+from coati_relay.placement import ServiceActor
+from coati_relay.waiting import wait_until
 
 FlatMeta = List[Tuple[str, str, Tuple[int, ...], int, int]]  # name, dtype, shape, offset, numel
 
@@ -97,7 +98,7 @@ class PublishedWeights:
     publish_time: float
 
 
-class WeightStoreActor:
+class WeightStoreActor(ServiceActor):
     """Async Ray actor holding the newest published version; producers wait on it with a timeout."""
 
     def __init__(self):
@@ -123,16 +124,6 @@ class WeightStoreActor:
 
     def latest_version(self) -> Optional[int]:
         return None if self.latest is None else self.latest.version
-
-    async def watch(self) -> None:
-        """Pending for the actor's life: see `coati_relay.waiting.until_cancelled`."""
-        await until_cancelled()
-
-    def node(self) -> str:
-        """The Ray node this actor runs on."""
-        from coati_relay.placement import node_id
-
-        return node_id()
 
 
 def make_weight_store(name: Optional[str] = None, namespace: Optional[str] = None, **options: Any):
