@@ -163,7 +163,7 @@ class RolloutQueueActor(ServiceActor):
         def ready() -> bool:
             stale = self.state.drop_stale(consumer_version)
             if stale:  # made again, with newer weights
-                self.board.requeue([e.task for e in stale if e.task is not None])
+                self.board.requeue([e.task for e in stale])
                 asyncio.get_event_loop().create_task(self._notify())
             return len(self.state.entries) >= n
 
@@ -197,7 +197,7 @@ class RolloutQueueActor(ServiceActor):
         found those of ``lost`` died with their producer: these go back on the board (unless the producer's death
         already put them there). Returns the tasks requeued now."""
         self.board.settled(fetched)
-        requeued = self.board.requeue([t for t in lost if t is not None])
+        requeued = self.board.requeue(lost)
         self.state.lost += len(lost)
         await self._notify()
         return requeued

@@ -53,10 +53,10 @@ class TaskBoard:
         """A consumer holds the rollouts of ``tasks``: they can no longer be lost with their producer."""
         self._unsettled.difference_update(tasks)
 
-    def requeue(self, tasks: Iterable[int]) -> List[int]:
+    def requeue(self, tasks: Iterable[Optional[int]]) -> List[int]:
         """Puts back tasks whose rollouts were lost after they left the queue, except those already waiting on the
-        board or claimed again; returns the ones put back."""
-        tasks = list(tasks)
+        board or claimed again (and None: a rollout of no task); returns the ones put back."""
+        tasks = [t for t in tasks if t is not None]
         self._unsettled.difference_update(tasks)
         back = [t for t in tasks if t not in self._requeued and t not in self._claimed]
         self._requeued.extend(back)
