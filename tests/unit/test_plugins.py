@@ -47,9 +47,25 @@ def test_cpu_fallback_warns_once_and_uses_ddp():
 
 def test_cuda_plugins_resolve_with_defaults_on_cuda_hosts():
     assert resolve_plugin("zero2", cuda_available=True) == ("zero2", {"stage": 2, "precision": "bf16"})
-    name, options = resolve_plugin("hybrid", {"tp_size": 2, "precision": "bf16", "zero_stage": 1},
-                                   cuda_available=True)
-    assert name == "hybrid" and options == {"tp_size": 2, "pp_size": 1, "zero_stage": 1, "precision": "bf16"}
+    name, options = resolve_plugin("hybrid", {"precision": "bf16", "zero_stage": 1}, cuda_available=True)
+    assert name == "hybrid" and options == {"tp_size": 1, "pp_size": 1, "zero_stage": 1, "precision": "bf16"}
+
+
+@pytest.mark.parametrize("cuda", [True, False])
+@pytest.mark.parametrize("name, options, why", [
+    ("hybrid", {"pp_size": 2, "microbatch_size": 1}, "pipeline schedule"),
+    ("hybrid", {"tp_size": 2, "zero_stage": 1, "precision": "bf16"}, "same rollouts on every rank"),
+    ("hybrid", {"sp_size": 2}, "whole sequences"),
+    ("hybrid", {"enable_sequence_parallelism": True}, "whole sequences"),
+    ("hybrid", {"ep_size": 2}, "MoE plugin"),
+    ("gemini", {"tp_size": 2}, "same rollouts on every rank"),
+])
+def test_model_parallelism_is_refused_on_every_host(name, options, why, cuda):
+    """The consumer's plain forward on rollouts of each rank's own cannot run tp/pp/sp/ep; the error says why and
+    what to use instead."""
+    with pytest.raises(ValueError, match="not implemented by the engine") as err:
+        resolve_plugin(name, options, cuda_available=cuda)
+    assert why in str(err.value) and "num_consumer_procs" in str(err.value) and "zero_stage" in str(err.value)
 
 
 def test_hybrid_defaults_work_on_cpu():
@@ -60,8 +76,8 @@ def test_hybrid_defaults_work_on_cpu():
 
 @pytest.mark.parametrize("name, options, match", [
     ("ddp", {"stage": 2}, r"no options \['stage'\]"),
-    ("hybrid", {"tp_size": 2}, r"without CUDA.*'tp_size': 2"),
-    ("hybrid", {"pp_size": 2}, r"without CUDA.*'pp_size': 2"),
+    ("hybrid", {"tp_size": 2}, r"tp_size=2 is not implemented"),
+    ("hybrid", {"pp_size": 2}, r"pp_size=2 is not implemented"),
     ("hybrid", {"zero_stage": 1, "precision": "bf16"}, r"without CUDA"),
     ("hybrid", {"zero_stage": 2}, r"zero_stage > 0 needs precision"),
     ("hybrid", {"tp_size": 0}, r"tp_size must be a positive int"),

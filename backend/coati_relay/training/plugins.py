@@ -4,8 +4,14 @@
 actor starts. `build_plugin` makes the plugin instance inside the consumer, after the process group exists.
 
 On a host without CUDA, ColossalAI 0.5 trains with ``ddp`` (TorchDDPPlugin) and with ``hybrid``
-(HybridParallelPlugin) at ``tp_size = pp_size = 1``, ``zero_stage = 0`` and ``precision = "fp32"``; LowLevelZero,
-Gemini, tensor and pipeline parallelism need CUDA.
+(HybridParallelPlugin) at ``tp_size = pp_size = 1``, ``zero_stage = 0`` and ``precision = "fp32"``; LowLevelZero
+and Gemini need CUDA.
+
+Model parallelism is refused on every host (`MODEL_PARALLEL_OPTIONS`): the consumer runs a plain forward on the
+whole model and each rank trains on rollouts of its own, so it has no pipeline schedule (pp), no vocabulary-parallel
+log-probs and no identical inputs across a tensor-parallel group (tp), no sequence split (sp) and no expert groups
+(ep). Consumers are data-parallel only; ZeRO (``zero2``, ``gemini``, ``hybrid`` with ``zero_stage``) shards the
+optimizer state, gradients and (Gemini) the parameters instead.
 """
 from __future__ import annotations
 
@@ -72,9 +78,23 @@ PLUGIN_OPTIONS: Dict[str, Set[str]] = {
                "overlap_p2p", "overlap_allgather", "fp8_communication", "use_fp8", "inner_ring_size"},
 }
 
+# Plugin options that would split the model over ranks, and why a consumer cannot run them.
+MODEL_PARALLEL_OPTIONS: Dict[str, str] = {
+    "tp_size": "tensor parallelism needs the same rollouts on every rank of a tensor-parallel group and log-probs "
+               "over a vocabulary split across ranks; each consumer rank trains on rollouts of its own with a plain "
+               "forward",
+    "pp_size": "pipeline parallelism needs a pipeline schedule (booster.execute_pipeline); the consumer's forward is "
+               "a plain call on the whole model",
+    "sp_size": "sequence parallelism splits each sequence across ranks; the consumer's log-probs need whole "
+               "sequences",
+    "ep_size": "expert parallelism needs the MoE plugin and expert groups, which the consumer does not build",
+}
+_DATA_PARALLEL_TEXT = ("train data-parallel instead: more consumer processes (num_consumer_procs), and ZeRO to shard "
+                       "memory (plugin 'zero2', 'gemini', or 'hybrid' with zero_stage 1 or 2)")
+
 _PRECISIONS = {"zero2": {"fp16", "bf16", "fp32"}, "gemini": {"fp16", "bf16"}, "hybrid": {"fp16", "bf16", "fp32"}}
 _CPU_PLUGINS_TEXT = "'ddp', or 'hybrid' with tp_size=1, pp_size=1, zero_stage=0, precision='fp32'"
-_HYBRID_CPU = {"tp_size": 1, "pp_size": 1, "zero_stage": 0, "precision": "fp32"}
+_HYBRID_CPU = {"zero_stage": 0, "precision": "fp32"}
 _FALLBACK_WARNED: Set[str] = set()
 
 
@@ -89,9 +109,23 @@ def _check_positive_int(name: str, key: str, value: Any) -> None:
         raise ValueError(f"plugin {name!r}: option {key} must be a positive int, got {value!r}")
 
 
+def _check_data_parallel(name: str, options: Dict[str, Any]) -> None:
+    """Raises ValueError on an option that would split the model over ranks (see `MODEL_PARALLEL_OPTIONS`)."""
+    for key, why in MODEL_PARALLEL_OPTIONS.items():
+        value = options.get(key)
+        if value is not None:
+            _check_positive_int(name, key, value)
+            if value > 1:
+                raise ValueError(f"plugin {name!r}: {key}={value} is not implemented by the engine: {why}. Use "
+                                 f"{key}=1 and {_DATA_PARALLEL_TEXT}")
+    if options.get("enable_sequence_parallelism"):
+        raise ValueError(f"plugin {name!r}: enable_sequence_parallelism is not implemented by the engine: "
+                         f"{MODEL_PARALLEL_OPTIONS['sp_size']}. Remove it and {_DATA_PARALLEL_TEXT}")
+
+
 def _check_values(name: str, options: Dict[str, Any], cuda: bool) -> None:
     """Raises ValueError on option values the plugin would reject, or that need CUDA on a host without it."""
-    for key in ("tp_size", "pp_size", "sp_size", "num_microbatches", "microbatch_size"):
+    for key in ("num_microbatches", "microbatch_size"):
         if options.get(key) is not None:
             _check_positive_int(name, key, options[key])
     if "precision" in options and name in _PRECISIONS and options["precision"] not in _PRECISIONS[name]:
@@ -106,12 +140,9 @@ def _check_values(name: str, options: Dict[str, Any], cuda: bool) -> None:
             raise ValueError("plugin 'hybrid': zero_stage > 0 needs precision 'fp16' or 'bf16'")
         if not cuda:
             wrong = {k: options.get(k) for k, ok in _HYBRID_CPU.items() if options.get(k) != ok}
-            if options.get("sp_size") not in (None, 1):
-                wrong["sp_size"] = options["sp_size"]
             if wrong:
-                raise ValueError(f"plugin 'hybrid' without CUDA supports only tp_size=1, pp_size=1, sp_size=1, "
-                                 f"zero_stage=0, precision='fp32'; got {wrong}. Use a CUDA host for these, "
-                                 f"or change the options")
+                raise ValueError(f"plugin 'hybrid' without CUDA supports only zero_stage=0, precision='fp32'; got "
+                                 f"{wrong}. Use a CUDA host for these, or change the options")
     if not cuda and options.get("fp8_communication"):
         raise ValueError(f"plugin {name!r}: fp8_communication needs CUDA; remove it on this host")
 
@@ -121,13 +152,15 @@ def resolve_plugin(name: str, options: Optional[Dict[str, Any]] = None, allow_cp
     """Validates a plugin choice and returns ``(name_used, options_used)`` (the defaults merged with ``options``).
 
     A CUDA-only plugin on a host without CUDA is an error, unless ``allow_cpu_fallback``: then ``ddp`` is used
-    instead, with one warning per plugin name and process. Never imports colossalai.
+    instead, with one warning per plugin name and process. Model parallelism (``tp_size``, ``pp_size``,
+    ``sp_size``, ``ep_size`` > 1) is an error on every host. Never imports colossalai.
     """
     if not isinstance(name, str) or name not in PLUGINS:
         raise ValueError(f"unknown plugin {name!r}; choose one of {sorted(PLUGINS)}")
     if options is not None and not isinstance(options, dict):
         raise TypeError(f"plugin options must be a dict or None, got {type(options).__name__}")
     options = dict(options or {})
+    _check_data_parallel(name, options)
     unknown = sorted(set(options) - PLUGIN_OPTIONS[name])
     if unknown:
         raise ValueError(f"plugin {name!r} has no options {unknown}; accepted: {sorted(PLUGIN_OPTIONS[name])}")
