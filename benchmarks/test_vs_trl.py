@@ -1,0 +1,168 @@
+"""The peer pair: TRL's ``GRPOTrainer`` and `launch_distributed(core_algo="GRPO")` on the same work, in one run.
+
+Each side runs as its own process (`peer_grpo.py`): the whole-run time includes its start-up (imports, Ray, vLLM),
+and the peak memory is the largest sum of the proportional set sizes (PSS) of that process and all its descendants
+(Ray's GCS, raylet and workers included), sampled every 0.2 s. Work per step, the same on every side: 8 toy prompts x
+8 samples of at most 12 new tokens, one optimizer step (`peer_grpo.py` lists the settings). Two model sizes: the tiny
+Qwen2 (hidden 128, 2 layers, 0.38M parameters) and a small one (hidden 256, 6 layers, 3.5M parameters).
+
+Figures per side (medians over the timed rounds; a round is one whole run): steady s/step (the steps after the
+first), samples/s, whole-run time, peak PSS, the reward curve and the first step whose reward reached 0.9, the FLOPs
+of a step's generation and training from the model's shapes (`flops.py`), and the achieved FLOP/s beside this
+machine's ``torch.mm`` peak measured in the same run. ``--benchmark-disable`` (the smoke run of ``make test``) runs
+each side once for 2 steps; ``make bench`` runs 3 rounds of 20 steps per side.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import pytest
+
+from flops import generation_flops, matmul_peak_flops, model_shapes, training_flops
+
+HERE = Path(__file__).resolve().parent
+SETTINGS = {"0.38M": dict(hidden_size=128, num_layers=2), "3.5M": dict(hidden_size=256, num_layers=6)}
+SIDES = ["trl", "engine-vllm", "engine-transformers"]
+SAMPLES_PER_STEP = 64  # peer_grpo.PROMPTS_PER_STEP * peer_grpo.GENERATIONS
+MAX_NEW_TOKENS = 12
+STEPS_TIMED, ROUNDS_TIMED, STEPS_SMOKE = 20, 3, 2
+RUN_TIMEOUT_S = 900
+
+
+@pytest.fixture(scope="module")
+def peak_flops() -> float:
+    return matmul_peak_flops()
+
+
+@pytest.fixture(scope="module")
+def peer_models() -> Dict[str, str]:
+    from coati_relay.toy import build_tiny_model
+
+    return {name: str(build_tiny_model(**shape)) for name, shape in SETTINGS.items()}
+
+
+def _pss_bytes(root_pid: int) -> int:
+    """The summed PSS of ``root_pid`` and its descendants (0 for processes that ended while being read)."""
+    import psutil
+
+    try:
+        procs = [psutil.Process(root_pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return total
+
+
+def run_side(side: str, model: str, steps: int, out_dir: Path) -> Dict[str, Any]:
+    """Runs one side in a process of its own; returns its result file plus ``whole_run_s`` and ``peak_pss_gib``."""
+    out = out_dir / f"{side}.json"
+    cmd = [sys.executable, str(HERE / "peer_grpo.py"), side.split("-")[0], "--model", model, "--steps", str(steps),
+           "--out", str(out)]
+    if side.startswith("engine-"):
+        cmd += ["--backend", side.split("-", 1)[1]]
+    log = open(out_dir / f"{side}.log", "w")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RAY_ADDRESS": "local"})
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            peak[0] = max(peak[0], _pss_bytes(proc.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        code = proc.wait(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    finally:
+        done.set()
+        sampler.join()
+        log.close()
+    whole = time.perf_counter() - t0
+    if code != 0:
+        tail = (out_dir / f"{side}.log").read_text()[-3000:]
+        raise AssertionError(f"{side} exited with {code}; the end of its log:\n{tail}")
+    result = json.loads(out.read_text())
+    result.update(whole_run_s=whole, peak_pss_gib=peak[0] / 2 ** 30)
+    return result
+
+
+def _first_step_at(rewards: List[float], level: float = 0.9) -> Optional[int]:
+    return next((i + 1 for i, r in enumerate(rewards) if r >= level), None)
+
+
+def _figures(runs: List[Dict[str, Any]], model: str, peak: float) -> Dict[str, Any]:
+    """Medians over the rounds of one side, FLOPs per step, and achieved FLOP/s against ``peak``."""
+    from transformers import AutoTokenizer
+
+    from coati_relay.toy import toy_prompt_text
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": toy_prompt_text("a")}],
+                                           add_generation_prompt=True, tokenize=False)
+    prompt_len = len(tokenizer(prompt)["input_ids"])
+    shapes = model_shapes(model)
+    per_run = []
+    for run in runs:
+        steps = run["steps"]
+        steady = steps[1:] or steps
+        new_tokens = statistics.mean(s["tokens"] for s in steps) / SAMPLES_PER_STEP
+        gen = generation_flops(shapes, SAMPLES_PER_STEP, prompt_len, new_tokens)
+        train = training_flops(shapes, SAMPLES_PER_STEP, prompt_len + new_tokens)
+        s_step = statistics.median(s["step_s"] for s in steady)
+        s_gen = statistics.median(s["generate_s"] for s in steady)
+        per_run.append({"s_per_step": s_step, "generate_s_per_step": s_gen,
+                        "samples_per_s": SAMPLES_PER_STEP / s_step, "whole_run_s": run["whole_run_s"],
+                        "peak_pss_gib": run["peak_pss_gib"], "gflop_generation": gen / 1e9,
+                        "gflop_training": train / 1e9, "gflop_per_s": (gen + train) / s_step / 1e9,
+                        "generation_gflop_per_s": gen / max(s_gen, 1e-9) / 1e9})
+    out = {key: statistics.median(r[key] for r in per_run) for key in per_run[0]}
+    out["fraction_of_matmul_peak"] = out["gflop_per_s"] * 1e9 / peak
+    out["matmul_peak_gflop_per_s"] = peak / 1e9
+    out["rewards_first_round"] = [round(s["reward"], 3) for s in runs[0]["steps"]]
+    out["first_step_reward_0.9"] = statistics.median(
+        [_first_step_at([s["reward"] for s in r["steps"]]) or len(r["steps"]) + 1 for r in runs])
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_grpo_vs_trl(benchmark, figures, tmp_path, peer_models, peak_flops, setting, side):
+    benchmark.group = f"vs-trl-grpo-{setting}"
+    model = peer_models[setting]
+    steps = STEPS_SMOKE if benchmark.disabled else STEPS_TIMED
+    runs: List[Dict[str, Any]] = []
+
+    def one_run() -> None:
+        out_dir = tmp_path / f"round{len(runs)}"
+        out_dir.mkdir()
+        runs.append(run_side(side, model, steps, out_dir))
+
+    benchmark.pedantic(one_run, rounds=1 if benchmark.disabled else ROUNDS_TIMED, iterations=1)
+
+    for run in runs:  # the same work on every side: steps, samples, bounded tokens, a trained, finite policy
+        assert len(run["steps"]) == steps, run["steps"]
+        for step in run["steps"]:
+            assert 0 < step["tokens"] <= SAMPLES_PER_STEP * MAX_NEW_TOKENS, step
+            assert 0.0 <= step["reward"] <= 1.0, step
+        assert run["params"]["checked"] and run["params"]["finite"], run["params"]
+        assert run["params"]["moved"] == run["params"]["tensors"] > 0, run["params"]
+    figures.update(_figures(runs, model, peak_flops))
