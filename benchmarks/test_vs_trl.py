@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import pytest
-
 from flops import generation_flops, matmul_peak_flops, model_shapes, training_flops
 
 HERE = Path(__file__).resolve().parent
