@@ -22,14 +22,16 @@ from coati_relay.config_keys import (
     closest,
     warn_ignored,
 )
-from coati_relay.inference.base import SamplingConfig
-from coati_relay.run_config import Batches, Checkpointing, Data, Models, Plugin, Roles, RunConfig
+from coati_relay.config_models import build_models
+from coati_relay.config_sampling import build_sampling
+from coati_relay.run_config import Batches, Checkpointing, Data, Plugin, Roles, RunConfig
+from coati_relay.user_code import ByValue, UserCode, UserCodeError, comes_with_engine, module_name, user_entries
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("vllm", "transformers")
-_GENERATE_KEYS = ("max_new_tokens", "max_tokens", "temperature", "top_k", "top_p", "seed", "ignore_eos",
-                  "stop_token_ids")
+
+
 class ConfigError(ValueError):
     """A launch parameter is wrong; the message names it and says how to fix it."""
 
@@ -51,59 +53,6 @@ def _dict(errors: List[str], name: str, value: Any) -> Dict[str, Any]:
         errors.append(f"{name} must be a dict, got {type(value).__name__}")
         return {}
     return dict(value)
-
-
-def _sampling(errors: List[str], gen: Dict[str, Any], grpo: Dict[str, Any]) -> SamplingConfig:
-    check_section_keys(errors, "generate_config", gen, _GENERATE_KEYS, IGNORED_SECTION_KEYS["generate_config"])
-    max_new = gen.get("max_new_tokens") or gen.get("max_tokens") or grpo.get("max_new_tokens") or 16
-    if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new <= 0:
-        errors.append(f"generate_config max_new_tokens/max_tokens must be a positive int, got {max_new!r}")
-        max_new = 16
-    temperature = gen.get("temperature", 1.0)
-    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or temperature <= 0:
-        errors.append(f"generate_config temperature must be a number > 0 (sampling), got {temperature!r}")
-        temperature = 1.0
-    top_p = gen.get("top_p", 1.0)
-    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
-        errors.append(f"generate_config top_p must be in (0, 1], got {top_p!r}")
-        top_p = 1.0
-    top_k = gen.get("top_k", -1)
-    if top_k is None:
-        top_k = -1
-    if not isinstance(top_k, int) or isinstance(top_k, bool):
-        errors.append(f"generate_config top_k must be an int (-1 or 0 disables it), got {top_k!r}")
-        top_k = -1
-    return SamplingConfig(max_new_tokens=max_new, temperature=float(temperature), top_k=top_k, top_p=float(top_p),
-                          seed=gen.get("seed"), stop_token_ids=list(gen.get("stop_token_ids", [])),
-                          ignore_eos=bool(gen.get("ignore_eos", False)))
-
-
-def _model_path(errors: List[str], name: str, cfg: Dict[str, Any]) -> str:
-    path = cfg.get("path")
-    if not path or not isinstance(path, (str, os.PathLike)):
-        errors.append(f"{name}['path'] is required: a local directory holding a transformers checkpoint")
-        return ""
-    if not Path(path).is_dir() or not (Path(path) / "config.json").exists():
-        errors.append(f"{name}['path'] = {str(path)!r} is not a local model directory (no config.json there); "
-                      f"models are never downloaded at run time: save one with save_pretrained() first")
-    return str(path)
-
-
-def _check_tokenizer(errors: List[str], tokenizer_path: str) -> None:
-    if not tokenizer_path or any("tokenizer" in e or "path" in e for e in errors):
-        return
-    try:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(tokenizer_path)
-    except Exception as exc:  # transformers raises many types here
-        errors.append(f"cannot load a tokenizer from {tokenizer_path!r}: {exc}")
-        return
-    if tok.pad_token_id is None:
-        errors.append(f"the tokenizer at {tokenizer_path!r} has no pad token; set one (e.g. "
-                      f"tokenizer.pad_token = tokenizer.eos_token) and save it, or pass tokenizer_config['path']")
-    if tok.eos_token_id is None:
-        errors.append(f"the tokenizer at {tokenizer_path!r} has no EOS token; responses could never end")
 
 
 def count_prompts(errors: List[str], dataset: Any, tokenizer_path: str, max_prompt_tokens: int,
@@ -182,16 +131,20 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _roles(errors: List[str], num_producers: Any, num_proc_per_producer: Any, num_consumer_procs: Any,
            inference_backend: Any, weight_sync: Any, on_producer_failure: Any, n_behind: Any, timeout_s: Any,
-           imc: Dict[str, Any], placement: Dict[str, Any]) -> Roles:
+           placement: Dict[str, Any]) -> Roles:
     np_ = _positive_int(errors, "num_producers", num_producers)
     ppp = _positive_int(errors, "num_proc_per_producer", num_proc_per_producer)
     nc = _positive_int(errors, "num_consumer_procs", num_consumer_procs)
     if isinstance(n_behind, bool) or not isinstance(n_behind, int) or n_behind < 0:
         errors.append(f"n_behind must be an int >= 0 (0: on-policy lock-step), got {n_behind!r}")
         n_behind = 0
-    if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+    if not _number(timeout_s) or timeout_s <= 0:
         errors.append(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
         timeout_s = 300.0
     if on_producer_failure not in ("fail", "continue"):
@@ -212,9 +165,6 @@ def _roles(errors: List[str], num_producers: Any, num_proc_per_producer: Any, nu
         if inference_backend != "vllm":
             errors.append(f"num_proc_per_producer={ppp} shards each producer's engine over {ppp} GPUs, which only "
                           f"inference_backend='vllm' does (tensor_parallel_size); use 1 with {inference_backend!r}")
-        if imc.get("tensor_parallel_size", ppp) != ppp:
-            errors.append(f"inference_model_config tensor_parallel_size={imc['tensor_parallel_size']!r} disagrees "
-                          f"with num_proc_per_producer={ppp}; drop it (num_proc_per_producer sets it)")
     return Roles(num_producers=np_, num_proc_per_producer=ppp, num_consumers=nc, inference_backend=inference_backend,
                  weight_sync=weight_sync, on_producer_failure=on_producer_failure, n_behind=n_behind,
                  timeout_s=float(timeout_s), **placement)
@@ -254,37 +204,20 @@ def _batches(errors: List[str], roles: Roles, num_episodes: Any, inference_batch
                    train_minibatch_size=tmbs, train_microbatch_size=tmicro, num_generations=ng)
 
 
-def _models(errors: List[str], roles: Roles, imc: Dict[str, Any], tmc: Dict[str, Any], tokc: Dict[str, Any],
-            critic_cfg: Dict[str, Any], rm_cfg: Dict[str, Any], core_algo: str, needs_critic: Optional[bool]) -> Models:
-    """needs_critic: whether the algorithm trains a critic (None: the algorithm is unknown)."""
-    model_path = _model_path(errors, "inference_model_config", imc)
-    train_path = _model_path(errors, "train_model_config", tmc) if tmc.get("path") else model_path
-    if model_path and train_path and Path(model_path).resolve() != Path(train_path).resolve():
-        log.info("producers generate from %s, consumers train %s", model_path, train_path)
-    tokenizer_path = str(tokc.get("path") or model_path)
-    _check_tokenizer(errors, tokenizer_path)
-    rm_path = _model_path(errors, "reward_model_config", rm_cfg) if rm_cfg else None
-    critic_path = _model_path(errors, "critic_model_config", critic_cfg) if critic_cfg else None
-    if needs_critic and critic_path is None:
-        critic_path = train_path  # value head on a copy of the policy's trunk
-    if critic_cfg and needs_critic is False:
-        errors.append(f"critic_model_config is only used by algorithms with a critic (PPO), not {core_algo!r}; "
-                      f"drop it")
-    tp = roles.num_proc_per_producer
-    engine_kwargs = {k: v for k, v in imc.items() if k not in ("path", "checkpoint_path")}
-    return Models(model_path=model_path, train_path=train_path, tokenizer_path=tokenizer_path,
-                  inference_model_kwargs={**engine_kwargs, **({"tensor_parallel_size": tp} if tp > 1 else {})},
-                  lora=tmc.get("lora"), critic_model_path=critic_path, reward_model_path=rm_path)
-
-
 def _plugin(errors: List[str], plc: Dict[str, Any]) -> Tuple[Plugin, Optional[float]]:
     """The plugin section and ColossalChat's ``plugin_config["max_norm"]`` (gradient clipping) if given."""
     from coati_relay.training.plugins import resolve_plugin
 
     plc = dict(plc)
     name = plc.pop("plugin", None)
-    allow_fallback = bool(plc.pop("allow_cpu_fallback", False))
+    allow_fallback = plc.pop("allow_cpu_fallback", False)
+    if not isinstance(allow_fallback, bool):
+        errors.append(f"plugin_config['allow_cpu_fallback'] must be a bool, got {allow_fallback!r}")
     max_norm = plc.pop("max_norm", None)
+    if max_norm is not None and (not _number(max_norm) or not 0 < max_norm < float("inf")):
+        errors.append(f"plugin_config['max_norm'] must be None or a finite number > 0 (gradient clipping), "
+                      f"got {max_norm!r}")
+        max_norm = None
     plc.pop("microbatch_size", None)  # ColossalChat passes it for pipeline parallelism only
     if name is None:
         name = "hybrid" if {"tp_size", "pp_size", "zero_stage"} & set(plc) else "ddp"
@@ -294,7 +227,7 @@ def _plugin(errors: List[str], plc: Dict[str, Any]) -> Tuple[Plugin, Optional[fl
         name, plc = resolve_plugin(name, plc, allow_cpu_fallback=allow_fallback)
     except ValueError as exc:
         errors.append(f"plugin_config: {exc}")
-    return Plugin(name=name, options=plc, allow_cpu_fallback=allow_fallback), max_norm
+    return Plugin(name=name, options=plc, allow_cpu_fallback=allow_fallback is True), max_norm
 
 
 def _data(errors: List[str], tdc: Dict[str, Any], tokenizer_path: str, prompts_per_version: int) -> Data:
@@ -302,6 +235,11 @@ def _data(errors: List[str], tdc: Dict[str, Any], tokenizer_path: str, prompts_p
     if dataset is None:
         errors.append("train_dataset_config needs 'path' (a .jsonl in ColossalChat's format or a .csv with a "
                       "'prompt' column) or 'prompts' (a list of strings)")
+    elif "path" in tdc and (not isinstance(dataset, (str, os.PathLike)) or not str(dataset).strip()):
+        errors.append(f"train_dataset_config['path'] must be the path of a .jsonl or .csv file, got {dataset!r}")
+        dataset = None
+    elif "path" in tdc and "prompts" in tdc:
+        errors.append("train_dataset_config has both 'path' and 'prompts'; give one of them")
     max_prompt_tokens = _positive_int(errors, "train_dataset_config['max_length']", tdc.get("max_length", 512))
     system_prompt = tdc.get("system_prompt")
     num_prompts = count_prompts(errors, dataset, tokenizer_path, max_prompt_tokens, system_prompt)
@@ -344,26 +282,70 @@ def build_run_config(
                              "critic_model_config": critic_cfg, "reward_model_config": rm_cfg})
 
     roles = _roles(errors, num_producers, num_proc_per_producer, num_consumer_procs, inference_backend, weight_sync,
-                   on_producer_failure, n_behind, timeout_s, imc,
+                   on_producer_failure, n_behind, timeout_s,
                    _placement(errors, placement_strategy, placement_timeout_s, role_resources))
     batches = _batches(errors, roles, num_episodes, inference_batch_size, inference_microbatch_size,
                        train_batch_size, train_minibatch_size, num_generations, grpo)
-    sampling = _sampling(errors, gen, grpo)
+    sampling = build_sampling(errors, gen, grpo)
     algo = build_algorithm(errors, core_algo, grpo, batches.num_generations)
-    models = _models(errors, roles, imc, tmc, tokc, critic_cfg, rm_cfg, core_algo,
+    models = build_models(errors, roles, imc, tmc, tokc, critic_cfg, rm_cfg, core_algo,
                      None if algo is None else algorithms.spec(core_algo).needs_critic)
     reward = _reward(errors, grpo, rm_cfg)
     plugin, max_norm = _plugin(errors, plc)
     if max_norm is not None and algo is not None and algo.max_grad_norm is None:
         algo = replace(algo, max_grad_norm=max_norm)
+    name, checkpointing = _run_settings(errors, seed, progress, project_name, save_interval, run_dir, save_dir,
+                                        resume_from, tmc.get("checkpoint_path"))
     data = _data(errors, tdc, models.tokenizer_path, batches.inference_batch_size * roles.num_producers)
+    if not errors:
+        reward, user_code = _ship(errors, reward, core_algo, bool(rm_cfg))
     if errors:
         raise ConfigError("invalid launch configuration:\n  - " + "\n  - ".join(errors))
-
-    name = (project_name or "coati-relay").replace(" ", "_")
-    rd = Path(run_dir) if run_dir else Path("runs") / name
-    checkpointing = Checkpointing(save_interval=save_interval, run_dir=rd, save_dir=Path(save_dir) if save_dir else rd,
-                                  resume_from=resume_from or tmc.get("checkpoint_path"))
     return RunConfig(roles=roles, batches=batches, models=models, data=data, sampling=sampling, plugin=plugin,
                      checkpointing=checkpointing, core_algo=core_algo, algo=algo, reward=reward, project_name=name,
-                     seed=seed, progress=progress)
+                     seed=seed, progress=progress, user_code=user_code)
+
+
+def _run_settings(errors: List[str], seed: Any, progress: Any, project_name: Any, save_interval: int, run_dir: Any,
+                  save_dir: Any, resume_from: Any, checkpoint_path: Any) -> Tuple[str, Checkpointing]:
+    """The run's name and where it writes and resumes from."""
+    if not _int(seed) or seed < 0:
+        errors.append(f"seed must be an int >= 0, got {seed!r}")
+    if not isinstance(progress, bool):
+        errors.append(f"progress must be a bool, got {progress!r}")
+    if project_name is not None and (not isinstance(project_name, str) or not project_name.strip()):
+        errors.append(f"project_name must be None or a non-empty str, got {project_name!r}")
+        project_name = None
+    for key, value in (("run_dir", run_dir), ("save_dir", save_dir)):
+        if value is not None and (not isinstance(value, (str, os.PathLike)) or not str(value)):
+            errors.append(f"{key} must be None or a directory path, got {value!r}")
+    given = {k: v for k, v in (("resume_from", resume_from), ("train_model_config['checkpoint_path']",
+                                                                checkpoint_path)) if v is not None}
+    if len(given) == 2 and str(resume_from) != str(checkpoint_path):
+        errors.append(f"resume_from={resume_from!r} and train_model_config['checkpoint_path']={checkpoint_path!r} "
+                      f"disagree; give one of them")
+    for key, value in given.items():
+        if not isinstance(value, (str, os.PathLike)) or not str(value) or not Path(value).exists():
+            errors.append(f"{key}={value!r} does not exist; pass a checkpoint directory (run_dir/step-NNNNNN) or a "
+                          f"run directory holding checkpoints")
+    name = (project_name or "coati-relay").replace(" ", "_")
+    rd = Path(run_dir) if isinstance(run_dir, (str, os.PathLike)) and str(run_dir) else Path("runs") / name
+    sd = Path(save_dir) if isinstance(save_dir, (str, os.PathLike)) and str(save_dir) else rd
+    resume = next(iter(given.values()), None)
+    return name, Checkpointing(save_interval=save_interval, run_dir=rd, save_dir=sd,
+                               resume_from=None if resume is None else str(resume))
+
+
+def _ship(errors: List[str], reward: Any, core_algo: str, reward_model: bool) -> Tuple[Any, UserCode]:
+    """The reward as the actors get it, and the user's registry entries the run needs in every actor
+    (`coati_relay.user_code`): a user callable travels by value, and so do a reward and an estimator registered in
+    the driver only."""
+    try:
+        if reward_model:
+            return reward, UserCode(user_entries(None, core_algo))
+        if callable(reward) and not comes_with_engine(reward):
+            reward = ByValue(reward, f"grpo_config['reward_fn'] ({module_name(reward)})")
+        return reward, UserCode(user_entries(reward, core_algo))
+    except UserCodeError as exc:
+        errors.append(str(exc))
+        return reward, UserCode()

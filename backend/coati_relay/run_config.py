@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Union
 
 from coati_relay.config_algorithm import AlgorithmConfig
 from coati_relay.inference.base import SamplingConfig
+from coati_relay.user_code import UserCode
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,9 @@ class Checkpointing:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything a run needs, checked: the sections above, the algorithm and its reward."""
+    """Everything a run needs, checked: the sections above, the algorithm and its reward. ``user_code`` holds the
+    user's registered rewards and estimators that the run uses; unpickling it in an actor registers them there
+    (`coati_relay.user_code`)."""
 
     roles: Roles
     batches: Batches
@@ -105,6 +108,7 @@ class RunConfig:
     project_name: str = "coati-relay"
     seed: int = 42
     progress: bool = True
+    user_code: UserCode = field(default_factory=UserCode)
 
     # -- derived sizes ---------------------------------------------------------------------------------------
     @property

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -124,17 +125,117 @@ BAD = [
     ("bad-placement-timeout", lambda f: {"placement_timeout_s": 0}, ["placement_timeout_s"]),
     ("unknown-role", lambda f: {"role_resources": {"producers": {"x": 1}}}, ["did you mean 'producer'"]),
     ("role-resource-cpu", lambda f: {"role_resources": {"consumer": {"CPU": 2}}}, ["not CPU/GPU"]),
+    # generate_config, key by key
+    ("max-new-tokens-zero", lambda f: {"generate_config": {"max_new_tokens": 0}},
+     ["generate_config['max_new_tokens']", "int >= 1", "got 0"]),
+    ("max-new-tokens-negative", lambda f: {"generate_config": {"max_new_tokens": -8}}, ["max_new_tokens", "-8"]),
+    ("max-new-tokens-float", lambda f: {"generate_config": {"max_new_tokens": 8.0}}, ["max_new_tokens", "8.0"]),
+    ("max-new-tokens-bool", lambda f: {"generate_config": {"max_new_tokens": True}}, ["max_new_tokens", "True"]),
+    ("max-tokens-zero", lambda f: {"generate_config": {"max_tokens": 0}}, ["generate_config['max_tokens']"]),
+    ("max-tokens-disagree", lambda f: {"generate_config": {"max_new_tokens": 8, "max_tokens": 16}},
+     ["disagree", "give one of them"]),
+    ("grpo-max-new-tokens-str", lambda f: {"generate_config": {}, "grpo_config": {"max_new_tokens": "8"}},
+     ["grpo_config['max_new_tokens']"]),
+    ("temperature-negative", lambda f: {"generate_config": {"temperature": -0.5}}, ["temperature", "> 0"]),
+    ("temperature-bool", lambda f: {"generate_config": {"temperature": True}}, ["temperature"]),
+    ("temperature-nan", lambda f: {"generate_config": {"temperature": float("nan")}}, ["temperature"]),
+    ("top-p-zero", lambda f: {"generate_config": {"top_p": 0}}, ["top_p", "(0, 1]"]),
+    ("top-p-negative", lambda f: {"generate_config": {"top_p": -0.1}}, ["top_p"]),
+    ("top-p-bool", lambda f: {"generate_config": {"top_p": True}}, ["top_p"]),
+    ("top-k-zero", lambda f: {"generate_config": {"top_k": 0}}, ["top_k", "-1 (off) or an int >= 1"]),
+    ("top-k-below-minus-one", lambda f: {"generate_config": {"top_k": -2}}, ["top_k", "-2"]),
+    ("top-k-float", lambda f: {"generate_config": {"top_k": 2.5}}, ["top_k"]),
+    ("generate-seed-negative", lambda f: {"generate_config": {"seed": -1}}, ["generate_config['seed']"]),
+    ("stop-token-negative", lambda f: {"generate_config": {"stop_token_ids": [-1]}}, ["stop_token_ids"]),
+    ("ignore-eos-str", lambda f: {"generate_config": {"ignore_eos": "yes"}}, ["ignore_eos", "bool"]),
+    # inference_model_config: a per-backend allow-list
+    ("imc-checkpoint-path", lambda f: {"inference_model_config": {"path": f["model"], "checkpoint_path": f["model"]}},
+     ["inference_model_config['checkpoint_path'] is refused", "resume_from"]),
+    ("imc-seed", lambda f: {"inference_model_config": {"path": f["model"], "seed": 1}}, ["'seed'", "seed=..."]),
+    ("imc-model", lambda f: {"inference_model_config": {"path": f["model"], "model": f["model"]}},
+     ["inference_model_config['path']"]),
+    ("imc-device", lambda f: {"inference_model_config": {"path": f["model"], "device": "cuda"}}, ["'device'"]),
+    ("imc-vllm-key-on-transformers", lambda f: {"inference_model_config": {"path": f["model"],
+                                                                           "gpu_memory_utilization": 0.5}},
+     ["no key 'gpu_memory_utilization' for inference_backend='transformers'", "valid keys"]),
+    ("imc-misspelt-vllm-key", lambda f: {"inference_backend": "vllm", "inference_model_config": {
+        "path": f["model"], "gpu_mem_utilization": 0.5}}, ["did you mean 'gpu_memory_utilization'"]),
+    ("imc-unknown-vllm-key", lambda f: {"inference_backend": "vllm", "inference_model_config": {
+        "path": f["model"], "swap_space_gb": 4}}, ["no key 'swap_space_gb' for inference_backend='vllm'"]),
+    ("imc-vllm-bad-memory-fraction", lambda f: {"inference_backend": "vllm", "inference_model_config": {
+        "path": f["model"], "gpu_memory_utilization": 1.5}}, ["gpu_memory_utilization", "(0, 1]"]),
+    ("imc-vllm-eager-str", lambda f: {"inference_backend": "vllm", "inference_model_config": {
+        "path": f["model"], "enforce_eager": "yes"}}, ["enforce_eager", "a bool"]),
+    ("imc-vllm-max-model-len-zero", lambda f: {"inference_backend": "vllm", "inference_model_config": {
+        "path": f["model"], "max_model_len": 0}}, ["max_model_len"]),
+    ("imc-vllm-pipeline", lambda f: {"inference_backend": "vllm", "inference_model_config": {
+        "path": f["model"], "pipeline_parallel_size": 2}}, ["pipeline_parallel_size", "num_proc_per_producer"]),
+    ("imc-vllm-raw-logprobs", lambda f: {"inference_backend": "vllm", "inference_model_config": {
+        "path": f["model"], "logprobs_mode": "raw_logprobs"}}, ["processed_logprobs"]),
+    ("imc-tensor-parallel-without-gpus", lambda f: {"inference_backend": "vllm", "inference_model_config": {
+        "path": f["model"], "tensor_parallel_size": 2}}, ["tensor_parallel_size=2 disagrees",
+                                                          "num_proc_per_producer=1"]),
+    ("imc-bad-dtype", lambda f: {"inference_model_config": {"path": f["model"], "dtype": "int8"}}, ["dtype"]),
+    ("imc-dtype-twice", lambda f: {"inference_model_config": {"path": f["model"], "dtype": "float32",
+                                                              "torch_dtype": "bfloat16"}}, ["twice"]),
+    # sizes, types and run settings
+    ("generations-bool", lambda f: {"num_generations": True}, ["num_generations", "int"]),
+    ("episodes-bool", lambda f: {"num_episodes": True}, ["num_episodes"]),
+    ("batch-negative", lambda f: {"inference_batch_size": -4}, ["inference_batch_size", "> 0"]),
+    ("timeout-bool", lambda f: {"timeout_s": True}, ["timeout_s"]),
+    ("timeout-zero", lambda f: {"timeout_s": 0}, ["timeout_s"]),
+    ("seed-str", lambda f: {"seed": "42"}, ["seed must be an int"]),
+    ("seed-negative", lambda f: {"seed": -1}, ["seed must be an int >= 0"]),
+    ("progress-str", lambda f: {"progress": "yes"}, ["progress must be a bool"]),
+    ("project-name-empty", lambda f: {"project_name": " "}, ["project_name"]),
+    ("save-interval-zero", lambda f: {"save_interval": 0}, ["save_interval"]),
+    ("resume-missing", lambda f: {"resume_from": _p(f, "no-such-run")}, ["resume_from=", "does not exist"]),
+    ("resume-disagrees", lambda f: {"resume_from": f["dir"], "train_model_config": {
+        "path": f["model"], "checkpoint_path": f["model"]}}, ["disagree"]),
+    ("reward-not-callable", lambda f: {"grpo_config": {"reward_fn": 5}}, ["reward_fn", "callable"]),
+    # LoRA
+    ("lora-rank-zero", lambda f: {"train_model_config": {"path": f["model"], "lora": {"r": 0}}},
+     ["train_model_config['lora']['r']", "int > 0"]),
+    ("lora-rank-str", lambda f: {"train_model_config": {"path": f["model"], "lora": {"r": "8"}}}, ["['r']"]),
+    ("lora-unknown-key", lambda f: {"train_model_config": {"path": f["model"], "lora": {"rank": 8}}},
+     ["train_model_config['lora'] must be None", "'r'"]),
+    ("lora-dropout-one", lambda f: {"train_model_config": {"path": f["model"], "lora": {"r": 4, "dropout": 1.0}}},
+     ["dropout", "[0, 1)"]),
+    ("lora-no-modules", lambda f: {"train_model_config": {"path": f["model"], "lora": {"r": 4,
+                                                                                       "target_modules": []}}},
+     ["target_modules"]),
+    # plugins: model parallelism is refused, ColossalChat's extras are checked
+    ("pipeline-parallel", lambda f: {"plugin_config": {"tp_size": 1, "pp_size": 2, "microbatch_size": 1}},
+     ["pp_size=2 is not implemented", "pipeline schedule", "num_consumer_procs"]),
+    ("tensor-parallel", lambda f: {"plugin_config": {"plugin": "hybrid", "tp_size": 2}},
+     ["tp_size=2 is not implemented"]),
+    ("sequence-parallel", lambda f: {"plugin_config": {"plugin": "hybrid", "sp_size": 2}},
+     ["sp_size=2 is not implemented"]),
+    ("expert-parallel", lambda f: {"plugin_config": {"plugin": "hybrid", "ep_size": 2}},
+     ["ep_size=2 is not implemented"]),
+    ("max-norm-negative", lambda f: {"plugin_config": {"max_norm": -1.0}}, ["plugin_config['max_norm']"]),
+    ("fallback-str", lambda f: {"plugin_config": {"allow_cpu_fallback": "yes"}}, ["allow_cpu_fallback"]),
+    # datasets
+    ("dataset-path-empty", lambda f: {"train_dataset_config": {"path": ""}}, ["train_dataset_config['path']"]),
+    ("dataset-prompts-empty", lambda f: {"train_dataset_config": {"prompts": []}}, ["prompt list is empty"]),
+    ("dataset-path-and-prompts", lambda f: {"train_dataset_config": {"path": f["data"], "prompts": ["hi"]}},
+     ["both 'path' and 'prompts'"]),
+    ("dataset-max-length-zero", lambda f: {"train_dataset_config": {"path": f["data"], "max_length": 0}},
+     ["train_dataset_config['max_length']"]),
 ]
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("case,overrides,words", BAD, ids=[b[0] for b in BAD])
 def test_bad_input_raises_clear_error(files, case, overrides, words):
+    start = time.perf_counter()
     with pytest.raises(ConfigError) as err:
         build_run_config(**good(files, **overrides(files)))
+    took = time.perf_counter() - start
     message = str(err.value)
     for w in words:
         assert w in message, f"{case}: {w!r} not in {message!r}"
+    assert took < 1.0, f"{case}: the error took {took:.2f} s; the driver's checks must answer within a second"
 
 
 def test_all_errors_reported_together(files):
@@ -175,6 +276,35 @@ def test_producer_processes_reach_vllm_as_tensor_parallel_size(files, monkeypatc
                                 inference_model_config={"path": files["model"], "tensor_parallel_size": 4}))
 
 
+def test_engine_keywords_per_backend(files):
+    """Allow-listed keys reach the producers' engine as given (dtype names become torch dtypes for transformers;
+    ColossalChat's torch_dtype is read as dtype); the engine's own keys never come from the user."""
+    import torch
+
+    vllm = build_run_config(**good(files, inference_backend="vllm", inference_model_config={
+        "path": files["model"], "gpu_memory_utilization": 0.7, "enforce_eager": True, "enable_chunked_prefill": True,
+        "max_model_len": 256, "tensor_parallel_size": 1, "dtype": "bfloat16"}))
+    assert vllm.models.inference_model_kwargs == {"gpu_memory_utilization": 0.7, "enforce_eager": True,
+                                                  "enable_chunked_prefill": True, "max_model_len": 256,
+                                                  "dtype": "bfloat16"}
+    hf = build_run_config(**good(files, inference_model_config={"path": files["model"], "torch_dtype": "bfloat16"}))
+    assert hf.models.inference_model_kwargs == {"dtype": torch.bfloat16}
+    assert build_run_config(**good(files)).models.inference_model_kwargs == {}
+
+
+def test_transformers_allow_list_matches_the_backend():
+    """Every allow-listed transformers key is a keyword of the backend's constructor, and the keywords the producer
+    passes itself are refused."""
+    import inspect
+
+    from coati_relay.config_inference import REFUSED_KEYS, TRANSFORMERS_KEYS
+    from coati_relay.inference.transformers_backend import TransformersBackend
+
+    params = set(inspect.signature(TransformersBackend.__init__).parameters)
+    assert set(TRANSFORMERS_KEYS) <= params
+    assert {"tokenizer", "seed"} <= set(REFUSED_KEYS)
+
+
 def test_colossalchat_keys_without_effect_warn_once(files, caplog):
     import coati_relay.config_keys as ck
 
@@ -182,14 +312,16 @@ def test_colossalchat_keys_without_effect_warn_once(files, caplog):
     over = dict(grpo_config={"lr": 1e-3, "dynamic_batching": True, "skip_threshold": 20.0},
                 eval_interval=10, master_port=29506,
                 generate_config={"max_new_tokens": 8, "do_sample": True},
-                train_model_config={"path": files["model"], "use_flash_attention_2": True})
+                train_model_config={"path": files["model"], "use_flash_attention_2": True},
+                inference_model_config={"path": files["model"], "use_flash_attention_2": True})
     with caplog.at_level("WARNING", logger="coati_relay.config_keys"):
         build_run_config(**good(files, **over))
         build_run_config(**good(files, **over))
     lines = [r.getMessage() for r in caplog.records]
     for key in ("grpo_config['dynamic_batching']", "grpo_config['skip_threshold']",
                 "launch_distributed['eval_interval']", "launch_distributed['master_port']",
-                "generate_config['do_sample']", "train_model_config['use_flash_attention_2']"):
+                "generate_config['do_sample']", "train_model_config['use_flash_attention_2']",
+                "inference_model_config['use_flash_attention_2']"):
         assert sum(key in line and "no effect here" in line for line in lines) == 1, (key, lines)
 
 

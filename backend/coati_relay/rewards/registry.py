@@ -44,6 +44,13 @@ def reward_names() -> List[str]:
     return sorted(_REWARDS)
 
 
+def registered_reward(name: str) -> Callable:
+    """The function registered under ``name`` as it was registered (`get_reward_fn` adds the checks)."""
+    if name not in _REWARDS:
+        raise ValueError(f"unknown reward {name!r}; registered: {reward_names()}")
+    return _REWARDS[name]
+
+
 def _as_reward_tensor(out, n: int, name: str) -> torch.Tensor:
     if isinstance(out, torch.Tensor):
         scores = out.detach().to("cpu", torch.float32)

@@ -1,0 +1,156 @@
+"""``inference_model_config``: the keys each inference backend takes, checked in the driver before any actor starts.
+
+``path`` (the checkpoint) is read by every backend. The other keys are keywords of the producers' engines, from an
+allow-list per backend, each with a check of its value:
+
+- ``vllm``: `VLLM_KEYS`, engine arguments of ``vllm.LLM(...)`` (fields of ``vllm.EngineArgs``) that make sense for a
+  producer. A slow test checks each against the installed vLLM; vLLM is not imported here (about 17 s).
+- ``transformers``: `TRANSFORMERS_KEYS`, what the producer's ``from_pretrained`` takes (``dtype``).
+
+Keys the engine sets itself, or cannot honour, are refused with what to do instead (`REFUSED_KEYS`); ColossalChat
+keys without effect here warn once (`IGNORED_KEYS`); ``torch_dtype`` is read as ``dtype``. Any other key is an
+error naming the closest valid one.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple
+
+from coati_relay.config_keys import closest, warn_ignored
+
+_DTYPE_NAMES = ("float32", "float16", "bfloat16")
+
+
+class Check(NamedTuple):
+    """ok: True for a valid value; expect: what is valid, for the error message."""
+
+    ok: Callable[[Any], bool]
+    expect: str
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _flag(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _positive_int(v: Any) -> bool:
+    return _int(v) and v > 0
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _dtype(allowed: tuple) -> Callable[[Any], bool]:
+    def ok(v: Any) -> bool:
+        import torch
+
+        return v in allowed or v in tuple(getattr(torch, n) for n in _DTYPE_NAMES)
+
+    return ok
+
+
+VLLM_KEYS: Dict[str, Check] = {
+    "dtype": Check(_dtype(("auto",) + _DTYPE_NAMES), f"'auto', one of {list(_DTYPE_NAMES)} or a torch dtype"),
+    "tensor_parallel_size": Check(_positive_int, "an int > 0 equal to num_proc_per_producer"),
+    "gpu_memory_utilization": Check(lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "kv_cache_memory_bytes": Check(_positive_int, "an int > 0 (bytes)"),
+    "max_model_len": Check(_positive_int, "an int > 0 (prompt + response tokens)"),
+    "max_num_seqs": Check(_positive_int, "an int > 0"),
+    "max_num_batched_tokens": Check(_positive_int, "an int > 0"),
+    "block_size": Check(_positive_int, "an int > 0"),
+    "enforce_eager": Check(_flag, "a bool"),
+    "enable_chunked_prefill": Check(_flag, "a bool"),
+    "enable_prefix_caching": Check(_flag, "a bool"),
+    "disable_custom_all_reduce": Check(_flag, "a bool"),
+    "disable_log_stats": Check(_flag, "a bool"),
+    "trust_remote_code": Check(_flag, "a bool"),
+    "cpu_offload_gb": Check(lambda v: _number(v) and v >= 0, "a number >= 0 (GiB)"),
+    "kv_cache_dtype": Check(lambda v: isinstance(v, str), "a str ('auto', 'fp8', ...)"),
+    "quantization": Check(lambda v: v is None or isinstance(v, str), "None or a method name ('fp8', 'awq', ...)"),
+    "tokenizer_mode": Check(lambda v: isinstance(v, str), "a str ('auto', 'slow', ...)"),
+    "distributed_executor_backend": Check(lambda v: v in (None, "mp", "ray", "uni", "external_launcher"),
+                                          "None, 'mp', 'ray', 'uni' or 'external_launcher'"),
+    "compilation_config": Check(lambda v: _int(v) or isinstance(v, dict), "an int (level) or a dict"),
+    "hf_overrides": Check(lambda v: isinstance(v, dict), "a dict of config overrides"),
+    "logprobs_mode": Check(lambda v: v == "processed_logprobs",
+                           "'processed_logprobs' (log-probs of the distribution sampled from; the consumer's ratio "
+                           "needs them)"),
+}
+
+TRANSFORMERS_KEYS: Dict[str, Check] = {
+    "dtype": Check(_dtype(_DTYPE_NAMES), f"one of {list(_DTYPE_NAMES)} or a torch dtype"),
+}
+
+BACKEND_KEYS = {"vllm": VLLM_KEYS, "transformers": TRANSFORMERS_KEYS}
+ALIASES = {"torch_dtype": "dtype"}  # ColossalChat's transformers producers pass torch_dtype
+
+# Keys refused for every backend, with what to do instead.
+REFUSED_KEYS = {
+    "checkpoint_path": "producers take their weights from the consumers, so a checkpoint here would be overwritten "
+                       "by version 0; to start from a checkpoint pass resume_from=CHECKPOINT_OR_RUN_DIR (or "
+                       "train_model_config['checkpoint_path'])",
+    "model": "the checkpoint is inference_model_config['path']",
+    "tokenizer": "the tokenizer is tokenizer_config['path'] (default: the model's own)",
+    "seed": "each producer's engine is seeded with launch_distributed(seed=...) plus its index; set seed there",
+    "device": "each producer's model is placed by the engine (its GPU where it has one)",
+    "pipeline_parallel_size": "a producer's engine shards over its num_proc_per_producer GPUs by tensor "
+                              "parallelism only; raise num_proc_per_producer, or num_producers for more engines",
+    "data_parallel_size": "more engines are more producers: raise num_producers",
+    "enable_lora": "producers load merged weights (train_model_config['lora'] merges the adapters on the base); "
+                   "no vLLM LoRA is needed",
+}
+
+# ColossalChat keys that mean nothing here, per backend, and why.
+IGNORED_KEYS = {
+    "transformers": {"use_flash_attention_2": "producers generate with the default attention"},
+    "vllm": {},
+}
+
+
+def check_inference_config(errors: List[str], backend: str, imc: Mapping[str, Any],
+                           num_proc_per_producer: int) -> Dict[str, Any]:
+    """The engine keywords of ``imc`` (all but ``path``) for ``backend``, checked; problems go to ``errors``.
+
+    ``tensor_parallel_size`` is set from ``num_proc_per_producer`` (> 1); a different one given here is an error.
+    ``dtype`` names become torch dtypes for transformers.
+    """
+    if backend not in BACKEND_KEYS:
+        return {}  # the backend itself is reported by the roles' check
+    allowed = BACKEND_KEYS[backend]
+    ignored = IGNORED_KEYS[backend]
+    out: Dict[str, Any] = {}
+    for given, value in imc.items():
+        if given == "path":
+            continue
+        key = ALIASES.get(given, given)
+        if key in REFUSED_KEYS:
+            errors.append(f"inference_model_config[{given!r}] is refused: {REFUSED_KEYS[key]}")
+        elif key in ignored:
+            warn_ignored("inference_model_config", given, ignored[key])
+        elif key not in allowed:
+            valid = sorted([*allowed, "path", *ignored])
+            errors.append(f"inference_model_config has no key {given!r} for inference_backend={backend!r}"
+                          f"{closest(given, valid)}; valid keys: {valid} (the allow-list in "
+                          f"coati_relay/config_inference.py)")
+        elif key in out:
+            errors.append(f"inference_model_config gives {key!r} twice (as {key!r} and {given!r}); keep one")
+        elif not allowed[key].ok(value):
+            errors.append(f"inference_model_config[{given!r}] must be {allowed[key].expect}, got {value!r}")
+        else:
+            out[key] = value
+    if out.get("tensor_parallel_size", num_proc_per_producer) != num_proc_per_producer:
+        errors.append(f"inference_model_config tensor_parallel_size={out['tensor_parallel_size']!r} disagrees "
+                      f"with num_proc_per_producer={num_proc_per_producer}; drop it (num_proc_per_producer sets "
+                      f"it, with that many GPUs per producer)")
+    out.pop("tensor_parallel_size", None)
+    if num_proc_per_producer > 1:
+        out["tensor_parallel_size"] = num_proc_per_producer
+    if backend == "transformers" and isinstance(out.get("dtype"), str):
+        import torch
+
+        out["dtype"] = getattr(torch, out["dtype"])
+    return out

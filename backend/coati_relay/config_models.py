@@ -1,0 +1,95 @@
+"""The model sections of a run: the checkpoints (policy, critic, reward model), the tokenizer, LoRA, and the
+producers' engine keywords (`coati_relay.config_inference`)."""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from coati_relay.config_inference import check_inference_config
+from coati_relay.run_config import Models, Roles
+
+log = logging.getLogger(__name__)
+
+LORA_KEYS = ("r", "alpha", "target_modules", "dropout")
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _model_path(errors: List[str], name: str, cfg: Dict[str, Any]) -> str:
+    path = cfg.get("path")
+    if not path or not isinstance(path, (str, os.PathLike)):
+        errors.append(f"{name}['path'] is required: a local directory holding a transformers checkpoint")
+        return ""
+    if not Path(path).is_dir() or not (Path(path) / "config.json").exists():
+        errors.append(f"{name}['path'] = {str(path)!r} is not a local model directory (no config.json there); "
+                      f"models are never downloaded at run time: save one with save_pretrained() first")
+    return str(path)
+
+
+def _check_tokenizer(errors: List[str], tokenizer_path: str) -> None:
+    if not tokenizer_path or any("tokenizer" in e or "path" in e for e in errors):
+        return
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer_path)
+    except Exception as exc:  # transformers raises many types here
+        errors.append(f"cannot load a tokenizer from {tokenizer_path!r}: {exc}")
+        return
+    if tok.pad_token_id is None:
+        errors.append(f"the tokenizer at {tokenizer_path!r} has no pad token; set one (e.g. "
+                      f"tokenizer.pad_token = tokenizer.eos_token) and save it, or pass tokenizer_config['path']")
+    if tok.eos_token_id is None:
+        errors.append(f"the tokenizer at {tokenizer_path!r} has no EOS token; responses could never end")
+
+
+def build_models(errors: List[str], roles: Roles, imc: Dict[str, Any], tmc: Dict[str, Any], tokc: Dict[str, Any],
+                 critic_cfg: Dict[str, Any], rm_cfg: Dict[str, Any], core_algo: str,
+                 needs_critic: Optional[bool]) -> Models:
+    """needs_critic: whether the algorithm trains a critic (None: the algorithm is unknown)."""
+    model_path = _model_path(errors, "inference_model_config", imc)
+    train_path = _model_path(errors, "train_model_config", tmc) if tmc.get("path") else model_path
+    if model_path and train_path and Path(model_path).resolve() != Path(train_path).resolve():
+        log.info("producers generate from %s, consumers train %s", model_path, train_path)
+    tokenizer_path = str(tokc.get("path") or model_path)
+    _check_tokenizer(errors, tokenizer_path)
+    rm_path = _model_path(errors, "reward_model_config", rm_cfg) if rm_cfg else None
+    critic_path = _model_path(errors, "critic_model_config", critic_cfg) if critic_cfg else None
+    if needs_critic and critic_path is None:
+        critic_path = train_path  # value head on a copy of the policy's trunk
+    if critic_cfg and needs_critic is False:
+        errors.append(f"critic_model_config is only used by algorithms with a critic (PPO), not {core_algo!r}; "
+                      f"drop it")
+    engine_kwargs = check_inference_config(errors, roles.inference_backend, imc, roles.num_proc_per_producer)
+    return Models(model_path=model_path, train_path=train_path, tokenizer_path=tokenizer_path,
+                  inference_model_kwargs=engine_kwargs, lora=_lora(errors, tmc.get("lora")),
+                  critic_model_path=critic_path, reward_model_path=rm_path)
+
+
+def _lora(errors: List[str], lora: Any) -> Optional[Dict[str, Any]]:
+    """train_model_config['lora']: None (full training) or {"r": rank, "alpha", "target_modules", "dropout"}."""
+    if lora is None:
+        return None
+    if not isinstance(lora, dict) or "r" not in lora or set(lora) - set(LORA_KEYS):
+        errors.append(f"train_model_config['lora'] must be None (full training) or a dict with 'r' and optionally "
+                      f"{list(LORA_KEYS[1:])}, got {lora!r}")
+        return None
+    checks = {"r": (lambda v: _int(v) and v > 0, "an int > 0 (the rank; None for full training)"),
+              "alpha": (lambda v: _number(v) and v > 0, "a number > 0"),
+              "dropout": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
+              "target_modules": (lambda v: v is None or isinstance(v, str) or (
+                  isinstance(v, (list, tuple)) and v and all(isinstance(m, str) and m for m in v)),
+                  "None (peft's default), a module name or a non-empty list of module names")}
+    for key, value in lora.items():
+        ok, expect = checks[key]
+        if not ok(value):
+            errors.append(f"train_model_config['lora'][{key!r}] must be {expect}, got {value!r}")
+    return dict(lora)
