@@ -176,6 +176,16 @@ def _build_table() -> Dict[str, Deprecation]:
         f"{family}{role}": hf_models
         for family in ("GPT", "BLOOM", "OPT", "Llama") for role in ("Actor", "Critic", "RM")
     })
+    names("coati.models.base", "coati_compat.legacy.model_base", {
+        "get_base_model": "the Hugging Face model itself (a checkpoint path in the model configs of " + launch + ")",
+    })
+    glm = ("a GLM checkpoint transformers runs natively (transformers.GlmForCausalLM, loaded with "
+           "transformers.AutoModelForCausalLM) in the model configs of " + launch)
+    modules("coati_compat.legacy.chatglm", glm, "coati.models.chatglm", "coati.models.chatglm.chatglm_actor",
+            "coati.models.chatglm.chatglm_tokenizer")
+    names("coati.models.chatglm", "coati_compat.legacy.chatglm", {"ChatGLMActor": glm})
+    names("coati.models.chatglm.chatglm_tokenizer", "coati_compat.legacy.chatglm",
+          {"ChatGLMTokenizer": "transformers.AutoTokenizer with the GLM checkpoint's tokenizer"})
     modules("coati_compat.legacy.losses", "coati_relay.algorithms (policy and value losses)", "coati.models.loss")
     names("coati.models.loss", "coati_compat.legacy.losses", {
         "PolicyLoss": "coati_relay.algorithms policy loss",

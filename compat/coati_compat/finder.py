@@ -163,7 +163,7 @@ def _legacy_names(fullname: str) -> list[str]:
 
 def _add_legacy_names(module: ModuleType, fullname: str) -> None:
     """Gives V2's ``module`` the legacy-only names of ``fullname`` through a module ``__getattr__`` (PEP 562),
-    after V2's own; with ``COATI_RELAY_LEGACY_NAMES=1`` the legacy names replace V2's."""
+    after V2's own; with ``COATI_RELAY_LEGACY_NAMES=1`` (or ``final``) the legacy names replace V2's."""
     own: Optional[Callable[[str], Any]] = module.__dict__.get("__getattr__")
 
     def __getattr__(name: str) -> Any:
@@ -176,7 +176,9 @@ def _add_legacy_names(module: ModuleType, fullname: str) -> None:
         raise AttributeError(f"module {fullname!r} has no attribute {name!r}")
 
     module.__getattr__ = __getattr__  # type: ignore[attr-defined]
-    if os.environ.get(LEGACY_NAMES_ENV, "") in ("1", "true", "yes"):
+    from coati_compat import legacy_switch
+
+    if legacy_switch.legacy_names():
         import warnings
 
         with warnings.catch_warnings():

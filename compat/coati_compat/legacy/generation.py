@@ -8,6 +8,10 @@ group, when one exists) has finished. Logits go through temperature, top-k and t
 The legacy ``prepare_inputs_fn`` / ``update_model_kwargs_fn`` hooks (bound to transformers internals that changed
 in transformers 5) are accepted and not called: the loop keeps its own KV cache, attention mask and positions.
 Other unknown keywords are ignored with one warning, as the legacy hooks ignored them.
+
+Both releases' call forms are accepted: ``generate(model, input_ids, max_length, ..., eos_token_id=,
+pad_token_id=)`` (reference) and ``generate(model, input_ids, tokenizer, max_length, ...)`` (final release, where
+the tokenizer gives the EOS and pad ids and the model may be the ``Actor`` wrapper).
 """
 from __future__ import annotations
 
@@ -88,17 +92,80 @@ def check_generate_args(max_length: Any, num_beams: int, do_sample: bool, eos_to
     return attention_mask
 
 
+def _reference_form(max_length: int, num_beams: int = 1, do_sample: bool = True, early_stopping: bool = False,
+                    eos_token_id: Optional[int] = None, pad_token_id: Optional[int] = None, top_k: Optional[int] = None,
+                    top_p: Optional[float] = None, temperature: Optional[float] = None,
+                    prepare_inputs_fn: Any = None, update_model_kwargs_fn: Any = None,
+                    **model_kwargs: Any) -> Dict[str, Any]:
+    """Binds the arguments after ``input_ids`` in the reference order (``b5f056636``); the hooks are dropped."""
+    return dict(max_length=max_length, num_beams=num_beams, do_sample=do_sample, early_stopping=early_stopping,
+                eos_token_id=eos_token_id, pad_token_id=pad_token_id, top_k=top_k, top_p=top_p,
+                temperature=temperature, **model_kwargs)
+
+
+def _final_release_form(tokenizer: Any, max_length: int, num_beams: int = 1, do_sample: bool = True,
+                        early_stopping: bool = False, top_k: Optional[int] = None, top_p: Optional[float] = None,
+                        temperature: Optional[float] = None, prepare_inputs_fn: Any = None,
+                        update_model_kwargs_fn: Any = None, **model_kwargs: Any) -> Dict[str, Any]:
+    """Binds the arguments after ``input_ids`` in the final release's order (``be400a093``): the tokenizer (checked
+    by ``_check_tokenizer``) supplies ``eos_token_id`` and ``pad_token_id``."""
+    for key in ("eos_token_id", "pad_token_id"):
+        if key in model_kwargs:
+            raise TypeError(f"generate(model, input_ids, tokenizer, ...) takes {key} from the tokenizer; drop "
+                            f"{key}= or call generate(model, input_ids, max_length, eos_token_id=, pad_token_id=)")
+    return dict(max_length=max_length, num_beams=num_beams, do_sample=do_sample, early_stopping=early_stopping,
+                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, top_k=top_k, top_p=top_p,
+                temperature=temperature, **model_kwargs)
+
+
+def _check_tokenizer(tokenizer: Any) -> None:
+    missing = [a for a in ("padding_side", "eos_token_id", "pad_token_id") if not hasattr(tokenizer, a)]
+    if missing:
+        raise TypeError(f"generate's third argument is a tokenizer (final-release form) or max_length (int); got "
+                        f"{type(tokenizer).__name__} without {', '.join(missing)}")
+    if tokenizer.padding_side != "left":
+        raise ValueError(f"generate needs a tokenizer with padding_side='left' (the prompts are left-padded); got "
+                         f"{tokenizer.padding_side!r}: set tokenizer.padding_side = 'left'")
+
+
 @deprecated_api("coati.models.generation.generate")
 @torch.no_grad()
-def generate(model: nn.Module, input_ids: torch.Tensor, max_length: int, num_beams: int = 1, do_sample: bool = True,
-             early_stopping: bool = False, eos_token_id: Optional[int] = None, pad_token_id: Optional[int] = None,
-             top_k: Optional[int] = None, top_p: Optional[float] = None, temperature: Optional[float] = None,
-             **model_kwargs: Any) -> torch.Tensor:
+def generate(model: nn.Module, input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """Samples continuations of ``input_ids`` [B,P] (left-padded) up to ``max_length`` tokens in total.
 
-    ``attention_mask`` [B,P] may be passed among the keywords (default: attend to every prompt token).
-    Returns sequences [B,S] with P <= S <= max_length.
+    Both legacy call forms, told apart by the third argument:
+    ``generate(model, input_ids, max_length, num_beams=1, do_sample=True, early_stopping=False, eos_token_id=None,
+    pad_token_id=None, top_k=None, top_p=None, temperature=None, ...)`` (reference) and
+    ``generate(model, input_ids, tokenizer, max_length, num_beams=1, do_sample=True, early_stopping=False,
+    top_k=None, top_p=None, temperature=None, ...)`` (final release: the tokenizer gives the EOS and pad ids).
+    ``model`` is a Hugging Face causal LM or a legacy ``Actor`` (its ``model`` samples). ``attention_mask`` [B,P] may
+    be passed among the keywords (default: attend to every prompt token). Returns sequences [B,S] with
+    P <= S <= max_length.
     """
+    final = "tokenizer" in kwargs or bool(args) and not isinstance(args[0], int)
+    if final:
+        _check_tokenizer(kwargs["tokenizer"] if "tokenizer" in kwargs else args[0])
+    form = _final_release_form if final else _reference_form
+    try:
+        options = form(*args, **kwargs)
+    except TypeError as exc:
+        if "generate" in str(exc):
+            raise
+        detail = str(exc).split("() ", 1)[-1]  # drop the private binder's name
+        raise TypeError(f"generate(model, input_ids, max_length, ...) or generate(model, input_ids, tokenizer, "
+                        f"max_length, ...): {detail}") from None
+    from coati_compat.legacy.model_base import Actor
+
+    if isinstance(model, Actor):
+        model = model.model
+    return _sample(model, input_ids, **options)
+
+
+def _sample(model: nn.Module, input_ids: torch.Tensor, max_length: int, num_beams: int = 1, do_sample: bool = True,
+            early_stopping: bool = False, eos_token_id: Optional[int] = None, pad_token_id: Optional[int] = None,
+            top_k: Optional[int] = None, top_p: Optional[float] = None, temperature: Optional[float] = None,
+            **model_kwargs: Any) -> torch.Tensor:
+    """The sampling loop of :func:`generate` (arguments in the reference form)."""
     attention_mask = check_generate_args(max_length, num_beams, do_sample, eos_token_id, pad_token_id, model_kwargs)
     if input_ids.size(1) >= max_length:
         return input_ids

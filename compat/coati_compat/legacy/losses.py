@@ -26,7 +26,17 @@ class PolicyLoss(nn.Module):
 
     def forward(self, log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
                 action_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """log_probs, old_log_probs: [B,A]; advantages: [B,1] (or [B], [B,A]); action_mask: [B,A]. -> scalar."""
+        """log_probs, old_log_probs: [B,A]; advantages: [B,1] (or [B], [B,A]); action_mask: [B,A]. -> scalar.
+
+        One log-prob per sample (log_probs, old_log_probs and advantages all [B], no mask) is the mean of the
+        per-sample loss, as in both legacy releases."""
+        if log_probs.dim() == 1:
+            if action_mask is not None or not (log_probs.shape == old_log_probs.shape == advantages.shape):
+                raise ValueError(f"PolicyLoss with one log-prob per sample needs log_probs, old_log_probs and "
+                                 f"advantages all [B] and no action_mask; got {tuple(log_probs.shape)}, "
+                                 f"{tuple(old_log_probs.shape)}, {tuple(advantages.shape)}, mask "
+                                 f"{None if action_mask is None else tuple(action_mask.shape)}")
+            log_probs, old_log_probs, advantages = log_probs[:, None], old_log_probs[:, None], advantages[:, None]
         loss, _ = policy_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps_low=self.clip_eps)
         return loss
 

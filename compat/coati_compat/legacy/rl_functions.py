@@ -48,28 +48,36 @@ def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.T
 
 
 def action_log_probs(logits: torch.Tensor, sequences: torch.Tensor, num_actions: int) -> torch.Tensor:
-    """Log-probs of the last ``num_actions`` tokens of ``sequences`` under ``logits``.
+    """Log-probs of the last ``num_actions`` tokens of ``sequences`` under ``logits``, sliced as the legacy code did.
 
-    logits: [B,S,V] (position t predicts token t+1), sequences: [B,S]. Returns [B,num_actions].
+    logits: [B,S,V] (position t predicts token t+1), sequences: [B,S]. Returns [B,min(num_actions, S-1)]: the
+    first token has no log-prob, so ``num_actions >= S`` gives all S-1 of them (legacy ``[:, -num_actions:]``).
     """
-    if not isinstance(num_actions, int) or not 0 < num_actions < sequences.size(1):
-        raise ValueError(f"num_actions must be an int in [1, {sequences.size(1) - 1}] for sequences of length "
-                         f"{sequences.size(1)}; got {num_actions!r}")
+    if isinstance(num_actions, bool) or not isinstance(num_actions, int) or num_actions < 1:
+        raise ValueError(f"num_actions must be a positive int (the number of generated tokens at the end of the "
+                         f"sequences), got {num_actions!r}")
     return log_probs_from_logits(logits[:, :-1, :], sequences[:, 1:])[:, -num_actions:]
 
 
 @deprecated_api("coati.models.utils.calc_action_log_probs")
-def calc_action_log_probs(output: Any, sequences: torch.Tensor, num_actions: int) -> torch.Tensor:
-    """:func:`action_log_probs` in both legacy call forms: the final release passed the logits ([B,S,V]), the
-    reference version the model output (``output["logits"]``)."""
-    if isinstance(output, torch.Tensor):
-        return action_log_probs(output, sequences, num_actions)
-    try:
-        logits = output["logits"]
-    except (KeyError, TypeError, IndexError) as exc:
-        raise TypeError("calc_action_log_probs takes the logits [B,S,V] or a model output with 'logits'; got "
-                        f"{type(output).__name__}") from exc
-    return action_log_probs(logits, sequences, num_actions)
+def calc_action_log_probs(logits: Any = None, sequences: Optional[torch.Tensor] = None,
+                          num_actions: Optional[int] = None, *, output: Any = None) -> torch.Tensor:
+    """:func:`action_log_probs` in both legacy call forms: ``(logits, sequences, num_actions)`` of the final release
+    (logits [B,S,V]) and ``(output, sequences, num_actions)`` of the June 2023 one (a model output with
+    ``"logits"``, positionally or as ``output=``). Returns [B,num_actions] (at most S-1 columns)."""
+    if logits is not None and output is not None:
+        raise TypeError("calc_action_log_probs takes the logits once: as logits (or positionally) or as output=")
+    first = logits if output is None else output
+    if first is None or sequences is None or num_actions is None:
+        raise TypeError("calc_action_log_probs needs logits [B,S,V] (or a model output), sequences [B,S] and "
+                        "num_actions")
+    if not isinstance(first, torch.Tensor):
+        try:
+            first = first["logits"]
+        except (KeyError, TypeError, IndexError) as exc:
+            raise TypeError("calc_action_log_probs takes the logits [B,S,V] or a model output with 'logits'; got "
+                            f"{type(first).__name__}") from exc
+    return action_log_probs(first, sequences, num_actions)
 
 
 @deprecated_api("coati.models.utils.masked_normalize")

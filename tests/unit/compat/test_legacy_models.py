@@ -70,8 +70,10 @@ def test_actor_forward_returns_log_probs_of_the_last_actions(models):
     assert log_probs.shape == (4, 5)
     torch.testing.assert_close(log_probs, direct, **TOL)
     torch.testing.assert_close(actor(seq, attention_mask=mask).logits, logits, **TOL)
+    full = F.log_softmax(logits, dim=-1)[:, :-1].gather(-1, seq[:, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(actor(seq, 11, attention_mask=mask), full, **TOL)  # legacy [:, -11:] of 10 columns
     with pytest.raises(ValueError, match="num_actions"):
-        actor(seq, 11, attention_mask=mask)
+        actor(seq, 0, attention_mask=mask)
 
 
 def test_critic_values_prompt_mean_with_action_mask(models):
