@@ -1,29 +1,39 @@
 """The consumer role: take a round of rollouts from the queue, train on it, publish the next weight version.
 
 Several consumers form one data-parallel group (gloo on CPU): each takes its share of a round's queue entries,
-gradients are averaged by the Booster's DDP wrapper, and rank 0 publishes the weights and writes checkpoints.
+gradients are averaged by the Booster's plugin, every rank gathers the weights and rank 0 publishes them, and all
+ranks write checkpoints together (rank 0 writes the files). Models and batches live on the training device
+(`coati_relay.devices`): a batch is moved there once, on entering `train_round`.
 
 Per round (``P`` prompts on this rank, ``G`` responses each, ``N = P*G`` sequences, ``R`` response tokens): the
 advantages come from the estimator registered under ``core_algo`` (`coati_relay.algorithms.estimators`), fed the
 rewards [N], the reference model's log-probs [N, R] when its KL weight is > 0, and a critic's values [N, R] when
 the estimator's spec asks for one (PPO; the critic then learns with the clipped value loss). The policy loss carries
 ``beta * KL`` unless the estimator put the KL into rewards or advantages itself.
+Behaviour log-probs: the producer's, which are those of the tempered distribution; with ``top_k``/``top_p`` they
+are of the truncated distribution instead, so the policy recomputes them over the full one before the round's
+first update (one forward without gradient), as the legacy experience maker did.
 Optimizer steps: ``train_batch_size`` prompts each; their gradients accumulate over forward chunks of
-``min(train_microbatch_size, train_minibatch_size * G)`` sequences (there is no separate mini-batch level).
+``min(train_microbatch_size, train_minibatch_size * G)`` sequences (there is no separate mini-batch level). The loss
+of a step is normalised by the kept samples (sample_level) or kept tokens (token_level) of the whole step over all
+ranks, so N ranks compute the gradient that one rank holding the whole batch would.
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
+from torch import nn
 
 from coati_relay import algorithms as algos
+from coati_relay.devices import to_device
 from coati_relay.logprobs import response_logprobs
 from coati_relay.placement import node_id
 from coati_relay.rollout import Rollout
 from coati_relay.run_config import RunConfig
+from coati_relay.training.distributed import all_reduce_sum
 
 log = logging.getLogger(__name__)
 
@@ -69,39 +79,28 @@ class ConsumerWorker:
         from transformers import AutoTokenizer
 
         from coati_relay.checkpoint import load_checkpoint
-        from coati_relay.training.booster_backend import TrainingBackend, load_causal_lm
+        from coati_relay.training.booster_backend import load_causal_lm
         from coati_relay.training.distributed import init_process_group
 
-        cfg, a = self.cfg, self.cfg.algo
+        cfg = self.cfg
         t0 = time.perf_counter()
         torch.manual_seed(cfg.seed)
         init_process_group(self.rank, self.world_size, master_addr, master_port)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.models.tokenizer_path)
-        total_steps = cfg.total_rounds * cfg.optimizer_steps_per_round * a.ppo_epochs
-        common = dict(plugin=cfg.plugin.name, plugin_options=cfg.plugin.options,
-                      allow_cpu_fallback=cfg.plugin.allow_cpu_fallback,
-                      max_grad_norm=a.max_grad_norm, scheduler=a.lr_scheduler, total_steps=total_steps,
-                      warmup_steps=a.warmup_steps, weight_decay=a.weight_decay)
-        self.policy = TrainingBackend(load_causal_lm(cfg.models.train_path, lora=cfg.models.lora), lr=a.lr, **common)
-        self.backends = {"policy": self.policy}
-        self.critic = None
-        self.spec = algos.spec(cfg.core_algo)
-        self.estimator = algos.get("advantage", cfg.core_algo)
-        if self.spec.needs_critic:
+        spec = algos.spec(cfg.core_algo)
+        policy = load_causal_lm(cfg.models.train_path, lora=cfg.models.lora)
+        critic = reference = None
+        if spec.needs_critic:
             from coati_relay.training.critic import CriticModel
 
-            self.critic = TrainingBackend(CriticModel.from_pretrained(cfg.models.critic_model_path), lr=a.critic_lr,
-                                          **common)
-            self.backends["critic"] = self.critic
-        kl_weight = getattr(a, self.spec.kl_weight_key)
-        self.reference = None
-        if kl_weight > 0:
-            self.reference = load_causal_lm(cfg.models.train_path).eval().requires_grad_(False)
+            critic = CriticModel.from_pretrained(cfg.models.critic_model_path)
+        if getattr(cfg.algo, spec.kl_weight_key) > 0:
+            reference = load_causal_lm(cfg.models.train_path)
+        self._build(policy, reference, critic)
         state = {"round": 0}
         if cfg.checkpointing.resume_from:
             state = load_checkpoint(cfg.checkpointing.resume_from, self.backends)
         self.round = int(state.get("round", 0))
-        self.publisher = None
         if self.rank == 0:
             if cfg.roles.weight_sync == "collective":
                 from coati_relay.weight_sync_collective import CollectivePublisher
@@ -112,16 +111,74 @@ class ConsumerWorker:
                 from coati_relay.weight_sync import WeightPublisher
 
                 self.publisher = WeightPublisher(self.store)
-            self._publish(self.round)
+        self._publish(self.round)
         return {"role": f"consumer-{self.rank}", "node": node_id(), "setup_s": time.perf_counter() - t0,
                 "start_round": self.round}
 
+    @classmethod
+    def for_models(cls, cfg: RunConfig, policy: nn.Module, reference: Optional[nn.Module] = None,
+                   critic: Optional[nn.Module] = None, rank: int = 0) -> "ConsumerWorker":
+        """A consumer around given models, without Ray, queue or publisher: `train_round` works (tests, notebooks).
+
+        With ``cfg.roles.num_consumers > 1`` the process group must exist (`training.distributed.init_process_group`).
+        ``reference``: needed when the algorithm's KL weight is > 0; ``critic``: when it trains a critic; each a
+        module taking ``(input_ids, attention_mask)`` like `CriticModel`.
+        """
+        import torch.distributed as dist
+
+        if cfg.roles.num_consumers > 1 and not (dist.is_initialized() and dist.get_world_size() ==
+                                                cfg.roles.num_consumers):
+            raise RuntimeError(f"ConsumerWorker.for_models: the config has {cfg.roles.num_consumers} consumers; join "
+                               f"a process group of that size first (training.distributed.init_process_group)")
+        worker = cls(rank, cfg, queue=None, weight_store=None)
+        worker._build(policy, reference, critic)
+        return worker
+
+    def _build(self, policy: nn.Module, reference: Optional[nn.Module], critic: Optional[nn.Module]) -> None:
+        """The training backends and the reference model, all on the training device (`coati_relay.devices`)."""
+        from coati_relay.training.booster_backend import TrainingBackend
+
+        cfg, a = self.cfg, self.cfg.algo
+        self.spec = algos.spec(cfg.core_algo)
+        self.estimator = algos.get("advantage", cfg.core_algo)
+        kl_weight = getattr(a, self.spec.kl_weight_key)
+        if (kl_weight > 0) != (reference is not None):
+            raise ValueError(f"{cfg.core_algo} with {self.spec.kl_weight_key}={kl_weight} needs "
+                             f"{'a' if kl_weight > 0 else 'no'} reference model")
+        if self.spec.needs_critic != (critic is not None):
+            raise ValueError(f"{cfg.core_algo} trains {'a' if self.spec.needs_critic else 'no'} critic")
+        total_steps = cfg.total_rounds * cfg.optimizer_steps_per_round * a.ppo_epochs
+        common = dict(plugin=cfg.plugin.name, plugin_options=cfg.plugin.options,
+                      allow_cpu_fallback=cfg.plugin.allow_cpu_fallback,
+                      max_grad_norm=a.max_grad_norm, scheduler=a.lr_scheduler, total_steps=total_steps,
+                      warmup_steps=a.warmup_steps, weight_decay=a.weight_decay)
+        self.policy = TrainingBackend(policy, lr=a.lr, **common)
+        self.device = self.policy.device
+        self.backends = {"policy": self.policy}
+        self.critic = None
+        if critic is not None:
+            self.critic = TrainingBackend(critic, lr=a.critic_lr, **common)
+            self.backends["critic"] = self.critic
+        self.reference = None if reference is None else reference.to(self.device).eval().requires_grad_(False)
+        s = cfg.sampling
+        # Behaviour log-probs of a truncated sampler (top-k/top-p) are those of the renormalised truncated
+        # distribution; the losses need the full one, so they are recomputed here (see recompute_behaviour).
+        self.recompute_behaviour = s.top_k > 0 or s.top_p < 1.0
+        if self.recompute_behaviour and self.rank == 0:
+            log.info("top_k=%d, top_p=%s: old log-probs are recomputed over the full distribution each round",
+                     s.top_k, s.top_p)
+        self.publisher = None
+
     def _publish(self, version: int) -> Dict[str, float]:
+        """Every rank takes part in gathering the weights (a collective under gemini); rank 0 publishes them."""
+        publishing = self.publisher is not None
         if self.cfg.models.lora:
             from coati_relay.weight_sync import lora_adapters
 
-            return self.publisher.publish(version, adapters=lora_adapters(self.policy.unwrapped()))
-        return self.publisher.publish(version, tensors=self.policy.state_dict_for_inference())
+            return self.publisher.publish(version, adapters=lora_adapters(self.policy.unwrapped())) \
+                if publishing else {}
+        tensors = self.policy.state_dict_for_inference(keep=publishing)
+        return self.publisher.publish(version, tensors=tensors) if publishing else {}
 
     # -- the loop --------------------------------------------------------------------------------------------
     def _take(self, n: int, r: int) -> Tuple[List[Any], List[Rollout]]:
@@ -164,8 +221,7 @@ class ConsumerWorker:
             metrics = self.train_round(batch)
             train_s = time.perf_counter() - t1
             self.round = r + 1
-            if self.rank == 0:
-                metrics.update(self._publish(self.round))
+            metrics.update(self._publish(self.round))  # every rank gathers, rank 0 publishes
             if self.round % cfg.checkpointing.save_interval == 0 or self.round == cfg.total_rounds:
                 path = save_checkpoint(cfg.checkpointing.save_dir, self.round, self.backends,  # every rank takes part
                                        {"round": self.round, "version": self.round})
@@ -186,98 +242,152 @@ class ConsumerWorker:
 
     # -- training --------------------------------------------------------------------------------------------
     def train_round(self, batch: Rollout) -> Dict[str, float]:
-        cfg, a = self.cfg, self.cfg.algo
-        seq, attn = batch.sequences, batch.attention_mask
-        mask = batch.response_mask.float()
+        """Advantages, then ``ppo_epochs`` passes of optimizer steps over this rank's share of a round.
+
+        Every rank of the data-parallel group calls it on a batch of the same number of rows (collectives: the
+        counts of each step, the statistics at the end).
+        """
+        a = self.cfg.algo
         num_resp = batch.response_ids.size(1)
-        rewards = batch.rewards.float()
-        stats: Dict[str, float] = {"reward": rewards.mean().item(),
-                                   "response_length": batch.response_lengths.float().mean().item()}
+        seq, attn, mask, behaviour, rewards, lengths = to_device(
+            self.device, batch.sequences, batch.attention_mask, batch.response_mask.float(), batch.logprobs,
+            batch.rewards.float(), batch.response_lengths)
+        g = batch.group_size
+        stats: Dict[str, float] = {"reward": rewards.mean().item(), "response_length": lengths.float().mean().item()}
         with torch.no_grad():
+            old_logp = behaviour
+            if self.recompute_behaviour:
+                old_logp = self._logprobs_chunked(self.policy.model, seq, attn, num_resp)
+                stats["behaviour_logp_gap"] = algos.masked_mean(behaviour - old_logp, mask).item()
             ref_logp = None
             if self.reference is not None:
-                ref_logp = self._logprobs(self.reference, seq, attn, num_resp)
+                ref_logp = self._logprobs_chunked(self.reference, seq, attn, num_resp)
             values = None
             if self.critic is not None:
                 values = self._values(seq, attn, batch.prompt_ids.size(1), num_resp)
-            out = self.estimator(algos.AdvantageInputs(rewards, batch.group_size, mask, batch.logprobs, ref_logp,
-                                                       values), a)
-            advantages, returns = out.advantages, out.returns
-            loss_mask = self._loss_mask(batch, rewards)
+            out = self.estimator(algos.AdvantageInputs(rewards, g, mask, old_logp, ref_logp, values), a)
+            loss_mask = self._loss_mask(rewards, lengths, g)
         stats["kept_fraction"] = loss_mask.mean().item()
-        prompts_per_step = cfg.batches.train_batch_size
-        g = batch.group_size
-        step_stats: List[Dict[str, float]] = []
-        for _ in range(a.ppo_epochs):
-            for start in range(0, batch.num_prompts, prompts_per_step):
-                rows = slice(start * g, (start + prompts_per_step) * g)
-                step_stats.append(self._optimizer_step(
-                    seq[rows], attn[rows], mask[rows], batch.logprobs[rows], advantages[rows], loss_mask[rows],
-                    None if ref_logp is None else ref_logp[rows], None if values is None else values[rows],
-                    None if returns is None else returns[rows], num_resp))
-        for key in step_stats[0]:
-            stats[key] = sum(s[key] for s in step_stats) / len(step_stats)
-        return stats
+        rows = StepRows(seq, attn, mask, old_logp, out.advantages, loss_mask, ref_logp, values, out.returns)
+        per_step = self.cfg.batches.train_batch_size * g
+        step_stats = [self._optimizer_step(rows.take(slice(start, start + per_step)), num_resp)
+                      for _ in range(a.ppo_epochs) for start in range(0, batch.num_sequences, per_step)]
+        for key in sorted({k for st in step_stats for k in st}):
+            present = [st[key] for st in step_stats if key in st]
+            stats[key] = sum(present) / len(present)
+        return self._over_ranks(stats)
 
     def _logprobs(self, model, seq, attn, num_resp) -> torch.Tensor:
         return response_logprobs(model, seq, attn, num_resp, temperature=self.cfg.sampling.temperature)
+
+    def _logprobs_chunked(self, model, seq, attn, num_resp) -> torch.Tensor:
+        """`_logprobs` in forward chunks of the micro-batch size (no gradient): [N, R]."""
+        micro = self.cfg.batches.train_microbatch_size
+        return torch.cat([self._logprobs(model, seq[s:s + micro], attn[s:s + micro], num_resp)
+                          for s in range(0, seq.size(0), micro)])
 
     def _values(self, seq, attn, prompt_len: int, num_resp: int) -> torch.Tensor:
         """Critic value of the state before each response token: positions P-1 .. P+R-2 -> [N, R]."""
         v = self.critic.model(seq, attention_mask=attn)
         return v[:, prompt_len - 1: prompt_len - 1 + num_resp].float()
 
-    def _loss_mask(self, batch: Rollout, rewards: torch.Tensor) -> torch.Tensor:
-        """[N] 1.0 for sequences that train, 0.0 for those DAPO's filters drop."""
+    def _loss_mask(self, rewards: torch.Tensor, lengths: torch.Tensor, group_size: int) -> torch.Tensor:
+        """[N] 1.0 for sequences that train, 0.0 for those DAPO's filters drop: groups whose mean reward is not
+        strictly inside ``filter_range``, responses cut at ``max_new_tokens``."""
         a = self.cfg.algo
-        keep = torch.ones(batch.num_sequences)
-        if a.filter_range and batch.group_size > 1:
+        keep = torch.ones_like(rewards)
+        if a.filter_range and group_size > 1:
             lo, hi = a.filter_range
-            mean = rewards.view(-1, batch.group_size).mean(dim=1, keepdim=True).expand(-1, batch.group_size)
+            mean = rewards.view(-1, group_size).mean(dim=1, keepdim=True).expand(-1, group_size)
             keep *= ((mean > lo) & (mean < hi)).reshape(-1).float()
         if a.filter_truncated_response:
-            keep *= (batch.response_lengths < self.cfg.sampling.max_new_tokens).float()
+            keep *= (lengths < self.cfg.sampling.max_new_tokens).float()
         return keep
 
-    def _optimizer_step(self, seq, attn, mask, old_logp, adv, loss_mask, ref_logp, values, returns,
-                        num_resp) -> Dict[str, float]:
-        """One optimizer step over ``train_batch_size`` prompts, accumulated in micro-batches."""
-        cfg, a = self.cfg, self.cfg.algo
-        n = seq.size(0)
-        b = cfg.batches
+    def _optimizer_step(self, rows: "StepRows", num_resp: int) -> Dict[str, float]:
+        """One optimizer step over ``train_batch_size`` prompts of every rank, accumulated in micro-batches.
+
+        The loss is that of the step's whole batch (all ranks, all micro-batches): each micro-batch's loss is its
+        sum over kept samples (tokens) divided by the kept samples (tokens) summed over the data-parallel group,
+        and is multiplied by the group's size, since the plugins average gradients over it.
+        """
+        a, b = self.cfg.algo, self.cfg.batches
+        n = rows.seq.size(0)
         micro = min(b.train_microbatch_size, b.train_minibatch_size * b.num_generations, n)
-        token_level = a.loss_variation == "token_level"
-        total_tokens = (mask * loss_mask.unsqueeze(1)).sum().clamp(min=1.0)
-        sums: Dict[str, float] = {}
+        counts = all_reduce_sum(torch.stack([(rows.mask * rows.loss_mask.unsqueeze(1)).sum(), rows.loss_mask.sum(),
+                                             rows.mask.sum()]))
+        kept_tokens, kept_samples, valid_tokens = (max(c, 1.0) for c in counts.tolist())
+        train_policy = counts[1].item() > 0  # the same on every rank
+        sums: Dict[str, float] = {"skipped_steps": 0.0 if train_policy else 1.0}
+        if not train_policy and self.critic is None:
+            return sums
+        dp = self.world_size
         self.policy.train()
         for s in range(0, n, micro):
-            sl = slice(s, s + micro)
-            logp = self._logprobs(self.policy.model, seq[sl], attn[sl], num_resp)
-            per_token_kl = None if ref_logp is None else algos.kl_estimate(logp, ref_logp[sl], kind="k3")
-            loss, st = algos.policy_loss(
-                logp, old_logp[sl], adv[sl], mask[sl], clip_eps_low=a.clip_eps_low,
-                clip_eps_high=a.clip_eps_high, aggregation=a.loss_variation, per_token_kl=per_token_kl,
-                beta=a.beta if self.spec.kl_in_loss else 0.0, loss_mask=loss_mask[sl],
-                total_tokens=total_tokens if token_level else None)
-            weight = 1.0 if token_level else (seq[sl].size(0) / n)
-            self.policy.backward(loss * weight)
-            _add(sums, "loss", loss.item() * weight)
-            _add(sums, "clip_frac", st.get("clip_frac", 0.0) * seq[sl].size(0) / n)
-            if per_token_kl is not None:
-                _add(sums, "kl", algos.masked_mean(per_token_kl, mask[sl]).item() * seq[sl].size(0) / n)
+            part = rows.take(slice(s, s + micro))
+            share = part.seq.size(0) / n
+            if train_policy:
+                logp = self._logprobs(self.policy.model, part.seq, part.attn, num_resp)
+                kl = None if part.ref_logp is None else algos.kl_estimate(logp, part.ref_logp, kind="k3")
+                loss, st = algos.policy_loss(
+                    logp, part.old_logp, part.adv, part.mask, clip_eps_low=a.clip_eps_low,
+                    clip_eps_high=a.clip_eps_high, aggregation=a.loss_variation, per_token_kl=kl,
+                    beta=a.beta if self.spec.kl_in_loss else 0.0, loss_mask=part.loss_mask,
+                    total_tokens=kept_tokens, num_samples=kept_samples)
+                self.policy.backward(loss * dp)
+                _add(sums, "loss", loss.item())
+                _add(sums, "clip_frac", st["clip_frac"] * share)
+                if kl is not None:
+                    _add(sums, "kl", algos.masked_mean(kl, part.mask).item() * share)
             if self.critic is not None:
                 self.critic.train()
-                v = self._values(seq[sl], attn[sl], seq.size(1) - num_resp, num_resp)
-                vloss = algos.value_loss(v, values[sl], returns[sl], clip_eps=a.value_clip, mask=mask[sl])
-                self.critic.backward(vloss * seq[sl].size(0) / n)
-                _add(sums, "value_loss", vloss.item() * seq[sl].size(0) / n)
-        out = self.policy.step()
+                v = self._values(part.seq, part.attn, part.seq.size(1) - num_resp, num_resp)
+                vloss = algos.value_loss(v, part.values, part.returns, clip_eps=a.value_clip, mask=part.mask,
+                                         total_tokens=valid_tokens)
+                self.critic.backward(vloss * dp)
+                _add(sums, "value_loss", vloss.item())
+        if train_policy:
+            out = self.policy.step()
+            sums["lr"] = float(out["lr"])
+            if out["grad_norm"] is not None:
+                sums["grad_norm"] = out["grad_norm"]
         self.policy.zero_grad()
-        sums["lr"] = float(out.get("lr", a.lr))
         if self.critic is not None:
             self.critic.step()
             self.critic.zero_grad()
         return sums
+
+    def _over_ranks(self, stats: Dict[str, float]) -> Dict[str, float]:
+        """The statistics of the whole data-parallel group: losses summed (each rank holds its share of the
+        batch's loss), the others averaged (every rank trains on as many rows). The keys are the same on every
+        rank (they follow the configuration and the all-reduced counts)."""
+        if self.world_size == 1:
+            return stats
+        keys = sorted(stats)
+        total = all_reduce_sum(torch.tensor([float(stats[k]) for k in keys], dtype=torch.float64,
+                                            device=self.device)).tolist()
+        return {k: v if k in _SUMMED_STATS else v / self.world_size for k, v in zip(keys, total)}
+
+
+_SUMMED_STATS = {"loss", "value_loss"}
+
+
+class StepRows(NamedTuple):
+    """Rows of a round on the training device. seq, attn: [n, S]; mask: [n, R] float; old_logp: [n, R] behaviour
+    log-probs; adv: [n, 1] or [n, R]; loss_mask: [n]; ref_logp, values, returns: [n, R] or None."""
+
+    seq: torch.Tensor
+    attn: torch.Tensor
+    mask: torch.Tensor
+    old_logp: torch.Tensor
+    adv: torch.Tensor
+    loss_mask: torch.Tensor
+    ref_logp: Optional[torch.Tensor]
+    values: Optional[torch.Tensor]
+    returns: Optional[torch.Tensor]
+
+    def take(self, rows: slice) -> "StepRows":
+        return StepRows(*(None if t is None else t[rows] for t in self))
 
 
 def _add(d: Dict[str, float], key: str, value: float) -> None:

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from coati_relay.devices import accelerator_device
 from coati_relay.placement import node_id
 from coati_relay.rollout import Rollout
 from coati_relay.run_config import RunConfig
@@ -54,11 +55,13 @@ class ProducerWorker:
         self.backend = build_inference_backend(cfg.roles.inference_backend, cfg.models.model_path, cfg.sampling,
                                                tokenizer=self.tokenizer, seed=cfg.seed + self.index,
                                                **cfg.models.inference_model_kwargs)
+        self.device = getattr(self.backend, "device", None) or accelerator_device()  # the reward model's too
         self.reward_fn = self.rm_scorer = None
         if cfg.models.reward_model_path:
             from coati_relay.rewards import RewardModelScorer
 
-            self.rm_scorer = RewardModelScorer(cfg.models.reward_model_path, tokenizer=self.tokenizer)
+            self.rm_scorer = RewardModelScorer(cfg.models.reward_model_path, tokenizer=self.tokenizer,
+                                               device=self.device)
         else:
             from coati_relay.rewards import get_reward_fn
 

@@ -230,6 +230,9 @@ def test_policy_loss_kl_term_and_loss_mask():
     close(token, 5.2374615 / 3)
     token, _ = alg.policy_loss(P_LOGP, P_OLD, P_ADV, P_MASK, aggregation="token_level", total_tokens=10)
     close(token, 2.9322906 / 10)
+    # counts of a whole batch split over micro-batches or ranks: the kept samples divide the sum
+    whole, _ = alg.policy_loss(P_LOGP, P_OLD, P_ADV, P_MASK, loss_mask=T([0.0, 1.0]), num_samples=4)
+    close(whole, 1.7458205 / 4)
 
 
 def test_policy_loss_gradient_flows_only_through_logp():
@@ -293,6 +296,9 @@ def test_value_loss_by_hand():
     v, old, ret = T([1.0, 0.0]), T([0.5, 0.2]), T([2.0, -1.0])
     close(alg.get("value_loss", "clipped")(v, old, ret), 0.5525)
     close(alg.value_loss(v, old, ret, mask=T([1, 0])), 0.605)
+    close(alg.value_loss(v, old, ret, mask=T([1, 0]), total_tokens=4), 0.605 / 4)
+    with pytest.raises(ValueError, match="pass the mask"):
+        alg.value_loss(v, old, ret, total_tokens=4)
     close(alg.value_loss(v, old, ret, clip_eps=1.0), 0.5 * (1.0 + 1.0) / 2)
     with pytest.raises(ValueError, match="one shape"):
         alg.value_loss(v, old, ret[:1])

@@ -39,17 +39,20 @@ def _check_policy_inputs(logp, old_logp, advantages, mask, per_token_kl, beta, l
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                 mask: Optional[torch.Tensor], clip_eps_low: float = 0.2, clip_eps_high: Optional[float] = None,
                 aggregation: str = "sample_level", per_token_kl: Optional[torch.Tensor] = None, beta: float = 0.0,
-                loss_mask: Optional[torch.Tensor] = None,
-                total_tokens: Optional[torch.Tensor | float] = None) -> Tuple[torch.Tensor, Dict[str, float]]:
+                loss_mask: Optional[torch.Tensor] = None, total_tokens: Optional[torch.Tensor | float] = None,
+                num_samples: Optional[torch.Tensor | float] = None) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Clipped surrogate policy loss with an asymmetric clip and an optional per-token KL term.
 
     logp, old_logp: [B,T] current and behaviour log-probs; advantages: [B], [B,1] or [B,T] (broadcast over T);
     mask: [B,T] valid actions (None: all); per_token_kl: [B,T]; loss_mask: [B] samples kept (None: all).
       ratio  = exp(logp - old_logp)                              (1 on masked positions)
       l_t    = -min(ratio * A, clamp(ratio, 1 - eps_low, 1 + eps_high) * A) + beta * kl_t
-      sample_level: mean_b( loss_mask_b * sum_t(l_t m_t) / (sum_t m_t + 1e-8) )
+      sample_level: sum_b( loss_mask_b * sum_t(l_t m_t) / (sum_t m_t + 1e-8) ) / num_samples
       token_level:  sum_b( loss_mask_b * sum_t(l_t m_t) ) / (total_tokens + 1e-8)
-    ``total_tokens`` defaults to the valid tokens of the kept samples (pass the all-reduced count under DP).
+    ``num_samples`` defaults to B (the mean over this micro-batch, kept or not, as ColossalChat's loss);
+    ``total_tokens`` to the valid tokens of the kept samples. Where a batch is split over micro-batches or
+    data-parallel ranks, pass the counts of the whole batch (kept samples, kept valid tokens), so that the
+    micro-batch losses sum to the loss of the whole batch.
     ``clip_eps_high=None`` means ``eps_low``. With sample_level, eps 0.2, beta 0 and no loss_mask this is the legacy
     ``PolicyLoss``. Returns (scalar loss, stats) with stats ``loss``, ``clip_frac`` (fraction of valid tokens where
     the clipped term is the minimum), ``ratio_max``, ``ratio_mean``, ``approx_kl`` (masked mean of the k3 estimate of
@@ -73,7 +76,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         per_sample = masked_mean(per_token, m, dim=1)
         if loss_mask is not None:
             per_sample = per_sample * loss_mask.to(per_sample.dtype)
-        loss = per_sample.mean()
+        loss = per_sample.mean() if num_samples is None else per_sample.sum() / num_samples
     else:
         kept = m if loss_mask is None else m * loss_mask.to(m.dtype).unsqueeze(1)
         total = kept.sum() if total_tokens is None else total_tokens
@@ -94,13 +97,15 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
 @register("value_loss", "clipped")
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip_eps: float = 0.4,
-               mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+               mask: Optional[torch.Tensor] = None,
+               total_tokens: Optional[torch.Tensor | float] = None) -> torch.Tensor:
     """Clipped value loss (the legacy ``ValueLoss``). values, old_values, returns: [B] or [B,T]; mask: same shape.
 
       v_clip = old + clamp(v - old, -eps, eps)
       loss   = 0.5 * mean(max((v_clip - R)^2, (v - R)^2))
     ``mask=None`` takes the plain mean (the legacy code ignored its mask), otherwise the masked mean over all
-    valid entries. Returns a scalar.
+    valid entries; with ``total_tokens`` (the valid entries of the whole batch, when this is a micro-batch of it)
+    the masked sum divided by it. Returns a scalar.
     """
     if not (values.shape == old_values.shape == returns.shape):
         raise ValueError(f"value_loss needs values, old_values and returns of one shape; got {tuple(values.shape)}, "
@@ -112,4 +117,8 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     old_values, returns = old_values.detach(), returns.detach()
     v_clip = old_values + (values - old_values).clamp(-clip_eps, clip_eps)
     loss = torch.max((v_clip - returns) ** 2, (values - returns) ** 2)
+    if total_tokens is not None:
+        if mask is None:
+            raise ValueError("value_loss: total_tokens divides the masked sum; pass the mask too")
+        return 0.5 * masked_sum(loss, mask) / total_tokens
     return 0.5 * (loss.mean() if mask is None else masked_mean(loss, mask))

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from coati_relay.devices import resolve_device, to_device, to_host
 from coati_relay.inference.base import SamplingConfig
 from coati_relay.inference.rollout_building import (
     SeedSequence,
@@ -38,16 +39,17 @@ class TransformersBackend:
 
     model_path: a local HF checkpoint; sampling: the `SamplingConfig` (may be replaced between calls through
     ``backend.sampling``); tokenizer: an object, a path, or None for the checkpoint's own; seed: seeds the stream of
-    per-call seeds used when ``sampling.seed`` is None (with ``sampling.seed`` set, every call uses that seed).
+    per-call seeds used when ``sampling.seed`` is None (with ``sampling.seed`` set, every call uses that seed);
+    device: where the model runs (None: the accelerator where the host has one, else the CPU).
     The checkpoint's ``generation_config.json`` is not used: sampling follows ``sampling`` alone.
     """
 
-    def __init__(self, model_path: str, sampling: SamplingConfig, tokenizer=None, device: str = "cpu",
+    def __init__(self, model_path: str, sampling: SamplingConfig, tokenizer=None, device: Optional[str] = None,
                  dtype: torch.dtype = torch.float32, seed: int = 0):
         from transformers import AutoModelForCausalLM, GenerationConfig
 
         self.sampling = sampling
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.tokenizer = resolve_tokenizer(tokenizer, model_path)
         self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device).eval()
         self._eos_ids = checkpoint_eos_ids(model_path, self.tokenizer, self.model.config)
@@ -94,8 +96,8 @@ class TransformersBackend:
         info = check_info(info, len(prompts))
         stop_ids = stop_token_ids(s, self._eos_ids)
         prompt_ids, prompt_mask = pad_prompts(prompts, self.pad_token_id)
-        input_ids = prompt_ids.repeat_interleave(n, dim=0).to(self.device)
-        attention_mask = prompt_mask.repeat_interleave(n, dim=0).to(self.device)
+        input_ids, attention_mask = to_device(self.device, prompt_ids.repeat_interleave(n, dim=0),
+                                              prompt_mask.repeat_interleave(n, dim=0))
         fork_devices = [self.device] if self.device.type == "cuda" else []
         with torch.no_grad(), torch.random.fork_rng(devices=fork_devices):
             torch.manual_seed(self._seeds.next(s))
@@ -106,7 +108,7 @@ class TransformersBackend:
         logprobs = torch.stack([torch.log_softmax(score.float(), dim=-1).gather(1, response_ids[:, t, None])[:, 0]
                                 for t, score in enumerate(out.scores)], dim=1)
         lengths = torch.full((response_ids.size(0),), response_ids.size(1), dtype=torch.long)
-        return build_rollout(prompt_ids, prompt_mask, n, response_ids.cpu(), logprobs.cpu(), lengths, stop_ids,
+        return build_rollout(prompt_ids, prompt_mask, n, to_host(response_ids), to_host(logprobs), lengths, stop_ids,
                              self.pad_token_id, self.weight_version, info)
 
     def load_weights(self, version: int, tensors: Dict[str, torch.Tensor]) -> None:

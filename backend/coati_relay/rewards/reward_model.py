@@ -9,6 +9,8 @@ from typing import List, Optional, Union
 import torch
 from torch import nn
 
+from coati_relay.devices import resolve_device, to_device, to_host
+
 logger = logging.getLogger(__name__)
 
 
@@ -37,10 +39,13 @@ class RewardModelScorer:
     ``attention_mask == 1``: for transformers classifiers with a ``score`` head the head is applied to the
     backbone's hidden states and read there; any other module must return per-token scores ([N,S] or [N,S,1],
     gathered there) or per-sequence scores ([N] or [N,1]), bare or as ``.logits``.
+
+    ``device``: where the model runs (a producer passes its own device); None: the accelerator where the host has
+    one, else the CPU. Inputs are moved there; scores come back on the CPU.
     """
 
     def __init__(self, model_or_path: Union[str, os.PathLike, nn.Module], tokenizer=None,
-                 device: Union[str, torch.device] = "cpu"):
+                 device: Optional[Union[str, torch.device]] = None):
         if isinstance(model_or_path, nn.Module):
             model = model_or_path
         elif isinstance(model_or_path, (str, os.PathLike)):
@@ -54,21 +59,21 @@ class RewardModelScorer:
         else:
             raise TypeError(f"RewardModelScorer needs a checkpoint path or an nn.Module, got "
                             f"{type(model_or_path).__name__}")
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
 
     @classmethod
     def from_causal_lm(cls, path: Union[str, os.PathLike], seed: int = 0,
-                       device: Union[str, torch.device] = "cpu") -> "RewardModelScorer":
+                       device: Optional[Union[str, torch.device]] = None) -> "RewardModelScorer":
         """A reward model whose backbone is the causal LM at ``path`` and whose one-label head is random (seeded).
 
         For tests and demos: e.g. ``RewardModelScorer.from_causal_lm(coati_relay.toy.build_tiny_model())``.
         """
-        devices = [torch.device(device)] if torch.device(device).type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
+        target = resolve_device(device)
+        with torch.random.fork_rng(devices=[target] if target.type == "cuda" else []):
             torch.manual_seed(seed)
-            return cls(path, device=device)
+            return cls(path, device=target)
 
     def _token_or_sequence_scores(self, sequences: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         head = getattr(self.model, "score", None)
@@ -86,10 +91,10 @@ class RewardModelScorer:
         if sequences.dim() != 2 or attention_mask.shape != sequences.shape:
             raise ValueError(f"RewardModelScorer needs sequences and attention_mask of one shape [N,S]; got "
                              f"{tuple(sequences.shape)} and {tuple(attention_mask.shape)}")
-        valid = attention_mask.to(self.device).bool()
+        sequences, valid = to_device(self.device, sequences, attention_mask.bool())
         if not valid.any(dim=1).all():
             raise ValueError("RewardModelScorer: some rows have no token with attention_mask == 1")
-        scores = self._token_or_sequence_scores(sequences.to(self.device), valid.long())
+        scores = self._token_or_sequence_scores(sequences, valid.long())
         if not isinstance(scores, torch.Tensor):
             raise TypeError(f"reward model returned {type(scores).__name__}; it must return a tensor or .logits")
         n, s = sequences.shape
@@ -104,7 +109,7 @@ class RewardModelScorer:
         if scores.shape != (n,):
             raise ValueError(f"reward model output has shape {tuple(scores.shape)}; expected per-token [N,S(,1)] or "
                              f"per-sequence [N(,1)] scores with N={n}, S={s} (a classifier needs num_labels=1)")
-        return scores.float().cpu()
+        return to_host(scores.float())
 
     def score_texts(self, texts: List[str], max_length: Optional[int] = None) -> torch.Tensor:
         """Tokenises ``texts`` (no special tokens added) and scores them. Returns float32 [N]."""

@@ -16,6 +16,8 @@ import torch
 import torch.nn as nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from coati_relay.devices import accelerator_device
+
 from .distributed import ensure_single_process_group
 from .plugins import build_plugin, resolve_plugin
 
@@ -145,6 +147,7 @@ class TrainingBackend:
             options.setdefault("max_norm", max_grad_norm)
         self.cuda = torch.cuda.is_available()
         ensure_single_process_group()
+        self._device = accelerator_device()  # where every plugin (and the plain-torch fallback) puts the model
         optimizer = self._make_optimizer(params, lr, betas, weight_decay)
         schedule = None
         if scheduler is not None:
@@ -174,16 +177,16 @@ class TrainingBackend:
     def _torch_wrap(self, model: nn.Module) -> nn.Module:
         import torch.distributed as dist
 
-        if self.cuda:
-            model = model.cuda()
+        model = model.to(self._device)
         if dist.get_world_size() > 1:
             return nn.parallel.DistributedDataParallel(model)
         return model
 
     @property
     def device(self) -> torch.device:
-        """Where the inputs of `model` must live."""
-        return next(self.unwrapped().parameters()).device
+        """Where the inputs of `model` must live: the accelerator where the host has one, else the CPU (see
+        `coati_relay.devices`). Under Gemini, weights offloaded to the CPU still take their inputs there."""
+        return self._device
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.booster is None:
@@ -227,18 +230,24 @@ class TrainingBackend:
             return self.model.unwrap(unwrap_peft=False)
         return self.model.module if isinstance(self.model, nn.parallel.DistributedDataParallel) else self.model
 
-    def state_dict_for_inference(self) -> Dict[str, torch.Tensor]:
+    def state_dict_for_inference(self, keep: bool = True) -> Dict[str, torch.Tensor]:
         """A copy of the full weights under the HF model's own names (LoRA adapters folded in), CPU, contiguous.
 
-        A collective under gemini: call it on every rank.
+        A collective under gemini (its chunks are gathered from every rank): every rank of the data-parallel group
+        calls it together. ``keep=False`` takes part in that gather without copying and returns ``{}`` (the ranks
+        that do not publish).
         """
         if self.plugin_name == "gemini":
             state = self.model.state_dict(only_rank_0=False)
+        elif not keep:
+            return {}
         else:
             if hasattr(self.model, "_force_wait_all_gather"):
                 self.model._force_wait_all_gather()
             module = self.unwrapped()
             state = _merged_lora_state_dict(module) if _is_peft(module) else module.state_dict()
+        if not keep:
+            return {}
         with torch.no_grad():
             return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
 

@@ -94,3 +94,16 @@ def barrier(timeout_s: float = 300) -> None:
         dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s))
     else:
         dist.barrier()
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` summed over every rank of the default group; itself where there is no group of more than one.
+
+    A collective: every rank calls it with a tensor of the same shape and dtype (on the CUDA device under NCCL).
+    It is bounded by the process group's timeout.
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return tensor
+    out = tensor.detach().clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
