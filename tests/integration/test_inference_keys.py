@@ -1,0 +1,25 @@
+"""The driver's vLLM allow-list (`coati_relay.config_inference.VLLM_KEYS`) against the installed vLLM: every key the
+driver lets through is an engine argument this vLLM takes, so a checked config never fails inside a producer."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+
+from coati_relay.config_inference import BACKEND_REFUSED_KEYS, REFUSED_KEYS, VLLM_KEYS
+
+pytestmark = pytest.mark.slow
+
+
+def test_allow_listed_vllm_keys_are_engine_arguments_of_the_installed_vllm():
+    vllm = pytest.importorskip("vllm")
+
+    fields = {f.name for f in dataclasses.fields(vllm.EngineArgs)}
+    llm_params = {k for k, p in inspect.signature(vllm.LLM.__init__).parameters.items()
+                  if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)} - {"self"}
+    missing = sorted(set(VLLM_KEYS) - fields - llm_params)
+    assert not missing, f"vLLM {vllm.__version__} has no engine arguments {missing}: update VLLM_KEYS"
+    refused_here = set(REFUSED_KEYS) | set(BACKEND_REFUSED_KEYS["vllm"])
+    assert refused_here - {"checkpoint_path"} <= fields | llm_params | {"device"}, \
+        "the refusals name vLLM's own arguments"
