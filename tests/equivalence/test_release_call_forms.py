@@ -281,3 +281,54 @@ def test_chatglm_names_import_warn_and_fail_on_use():
     warned = {str(w.message).split(" is deprecated")[0] for w in caught if w.category is FutureWarning}
     assert {"coati.models.chatglm.ChatGLMActor", "coati.models.chatglm.chatglm_tokenizer.ChatGLMTokenizer"} <= warned
     assert not isinstance(_Tokenizer(), tokenizer_cls)
+
+
+# LoRA merging: the layer's own eval() (reference) vs LORA_MANAGER.merge_weights (final release)
+
+@pytest.fixture
+def lora_manager():
+    from coati_compat.legacy.lora import LORA_MANAGER
+
+    yield LORA_MANAGER
+    LORA_MANAGER.merge_weights = False
+
+
+def _lora_stack(seed):
+    from coati_compat.legacy.lora import convert_to_lora_module
+
+    torch.manual_seed(seed)
+    model = convert_to_lora_module(nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)), lora_rank=2)
+    for layer in (model[0], model[2]):
+        nn.init.normal_(layer.lora_B)  # a non-zero delta, so a merge changes the weights
+    return model
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_lora_manager_merges_on_eval_of_any_parent(lora_manager, seed):
+    model = _lora_stack(seed)
+    x = torch.randn(4, 6, generator=_gen(seed))
+    before = model(x)
+    expected = [layer.weight + layer.lora_B @ layer.lora_A * layer.scaling for layer in (model[0], model[2])]
+    model.eval()  # no manager: a parent's eval() merges nothing (either release)
+    assert hasattr(model[0], "lora_A") and not model[0].merged
+    lora_manager.merge_weights = True
+    model.eval()
+    for layer, weight in zip((model[0], model[2]), expected):
+        assert layer.merged and not hasattr(layer, "lora_A")
+        torch.testing.assert_close(layer.weight, weight, **TOL)
+    torch.testing.assert_close(model(x), before, **TOL)
+    with pytest.raises(NotImplementedError, match="cannot be unmerged"):
+        model.train()
+
+
+def test_layer_eval_merges_in_the_reference_version_only(monkeypatch):
+    from coati_compat.legacy.lora import LoraLinear
+
+    def layer():
+        torch.manual_seed(0)
+        return LoraLinear(nn.Parameter(torch.randn(3, 4)), None, r=2)
+
+    monkeypatch.delenv(SWITCH, raising=False)
+    assert layer().eval().merged  # b5f056636: merge_weights=True by default, the layer's eval() merges
+    monkeypatch.setenv(SWITCH, "final")
+    assert not layer().eval().merged  # be400a093: only LORA_MANAGER merges

@@ -1,6 +1,11 @@
 """Legacy LoRA: ``coati.models.lora`` (``LoraLinear``, ``LoRAModule``, ``convert_to_lora_module``) and
 ``coati.ray.lora_constructor`` (``LoRAConfig``, ``LoRAConstructor``), the LoRA weight push of the Ray API.
 
+``LORA_MANAGER`` (final release): with ``LORA_MANAGER.merge_weights = True``, ``eval()`` of any module merges
+every LoRA layer inside it, and ``train()`` after that raises, as in the final release. Without it, a layer's own
+``eval()`` merges when the layer was built with ``merge_weights`` (reference version), except under
+``COATI_RELAY_LEGACY_NAMES=final``, where only the manager merges.
+
 Deviation from the legacy code: ``LoRAConstructor.load_state_dict_increase`` *replaces* the LoRA delta
 (``W = W0 + dW_k``) instead of adding every pushed delta to the current weight (``W0 + dW_1 + ... + dW_k``). The
 trainer sends the current total ``lora_A``/``lora_B`` each time, so adding was double counting. ``W0`` is kept per
@@ -17,12 +22,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from coati_compat import legacy_switch
 from coati_compat.deprecations import deprecated_api
 from coati_relay.weight_sync import lora_delta, replace_delta
 
 _LORA_KEYS = ("lora_A", "lora_B")
 _BASE_ATTR = "_coati_lora_base"  # {name: (W0, tensor version after our last write)}, in the model's __dict__
 _TRAIN_BIAS = ("none", "all", "lora_only")
+
+
+@dataclass
+class LoRAManager:
+    """The final release's ``coati.models.lora.LORA_MANAGER``: ``merge_weights`` makes ``eval()`` (of the layer or
+    of any module holding it) fold the LoRA delta into the weights."""
+
+    merge_weights: bool = False
+
+
+LORA_MANAGER = LoRAManager()
 
 
 @deprecated_api("coati.models.lora.LoraLinear")
@@ -72,8 +89,22 @@ class LoraLinear(nn.Module):
         """``scaling * B @ A`` in the stored layout of ``weight``."""
         return self._t(self.lora_B @ self.lora_A) * self.scaling
 
+    def _merge(self) -> None:
+        if self.r > 0:
+            self.weight.data += self.delta_weight()
+            del self.lora_A, self.lora_B
+        self.merged = True
+
     def train(self, mode: bool = True) -> "LoraLinear":
         super().train(mode)
+        if LORA_MANAGER.merge_weights:  # final release: eval() of any parent merges, nothing unmerges
+            if mode and self.merged:
+                raise NotImplementedError("this LoRA layer was merged into its weight by eval() under "
+                                          "LORA_MANAGER.merge_weights and cannot be unmerged (as in the final "
+                                          "release); build the model again to train it")
+            if not mode and not self.merged:
+                self._merge()
+            return self
         if self.merge_weights and self.merged:
             if self.r > 0:
                 if hasattr(self, "lora_A") and hasattr(self, "lora_B"):
@@ -84,12 +115,9 @@ class LoraLinear(nn.Module):
         return self
 
     def eval(self) -> "LoraLinear":
-        super().eval()
-        if self.merge_weights and not self.merged:
-            if self.r > 0:
-                self.weight.data += self.delta_weight()
-                del self.lora_A, self.lora_B
-            self.merged = True
+        super().eval()  # merges here under LORA_MANAGER.merge_weights (through train(False))
+        if self.merge_weights and not self.merged and not legacy_switch.final_release():
+            self._merge()
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
