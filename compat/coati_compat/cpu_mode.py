@@ -6,8 +6,11 @@ With the mode on, in every Python process of the environment (the ``coati_relay_
 at start-up, so Ray's worker processes are covered, user-defined actors included):
 
 - after ``import torch``, when CUDA is absent: ``.cuda()``, ``torch.cuda.current_device()``, ``set_device()`` stay
-  on the CPU (`coati_compat.shims.device_redirect`), and ``torch.distributed`` process groups asked for with the
-  ``"nccl"`` backend use ``"gloo"``;
+  on the CPU (`coati_compat.shims.device_redirect`); so do CUDA device arguments, ``device="cuda"``/``"cuda:N"``/
+  ``torch.device("cuda", N)``/``N`` of the factories (``torch.zeros``, ``torch.randint``, ``torch.tensor``,
+  ``torch.empty_like``, ...) and of ``Tensor.to``/``Module.to`` (`coati_compat.device_arguments`, a torch function
+  mode active in every thread that runs user code, threaded Ray actors' included: `coati_compat.thread_hooks`);
+  ``torch.distributed`` process groups asked for with the ``"nccl"`` backend use ``"gloo"``;
 - after ``import ray``: ``ray.init()`` that starts a local cluster declares ``$COATI_RELAY_CPU_MODE_GPUS`` logical
   GPUs (default 32; nothing runs on them, they only let ``num_gpus`` requests and GPU bundles be placed) and as many
   logical CPUs (more where the host has more), unless the script passes ``num_gpus``/``num_cpus`` itself;
@@ -36,8 +39,9 @@ logger = logging.getLogger(__name__)
 ENV = "COATI_RELAY_CPU_MODE"
 GPUS_ENV = "COATI_RELAY_CPU_MODE_GPUS"
 DEFAULT_GPUS = 32
-WARNING_TEXT = (f"{ENV}=1 and no CUDA here: GPU requests are placed on logical GPUs, .cuda() and "
-                "torch.cuda.current_device() stay on the CPU, NCCL process groups use gloo")
+WARNING_TEXT = (f"{ENV}=1 and no CUDA here: GPU requests are placed on logical GPUs, .cuda(), CUDA device "
+                "arguments (device='cuda', .to('cuda')) and torch.cuda.current_device() stay on the CPU, NCCL process "
+                "groups use gloo")
 
 _lock = threading.Lock()
 _warned: set = set()
@@ -62,8 +66,9 @@ def logical_gpus() -> int:
     return value
 
 
-def _warn_once(kind: str, detail: str) -> None:
-    """The mode's warning, once per process; a log line for the first change of each ``kind``."""
+def _warn_once(kind: str, detail: str, stacklevel: int = 3) -> None:
+    """The mode's warning, once per process; a log line for the first change of each ``kind``. ``stacklevel`` as
+    ``warnings.warn`` counts it from here."""
     with _lock:
         if kind in _warned:
             return
@@ -71,7 +76,7 @@ def _warn_once(kind: str, detail: str) -> None:
         _warned.add(kind)
     logger.warning("CPU mode: %s", detail)
     if first:
-        warnings.warn(WARNING_TEXT, UserWarning, stacklevel=3)
+        warnings.warn(WARNING_TEXT, UserWarning, stacklevel=stacklevel)
 
 
 # -- torch --------------------------------------------------------------------------------------------------------
@@ -80,6 +85,11 @@ def _gloo_for_nccl(backend: Any) -> Any:
         _warn_once("nccl", "an NCCL process group uses gloo")
         return "gloo"
     return backend
+
+
+def _note_device_argument(call: str) -> None:
+    # stack: _warn_once, here, the mode's note, its __torch_function__, the user's call
+    _warn_once("device", f"CUDA device arguments place on the CPU (first: {call})", stacklevel=5)
 
 
 def patch_torch() -> bool:
@@ -91,9 +101,12 @@ def patch_torch() -> bool:
         return False
     import torch.distributed as dist
 
+    from coati_compat import device_arguments, thread_hooks
     from coati_compat.shims import device_redirect
 
     device_redirect.install()
+    device_arguments.configure(_note_device_argument)
+    thread_hooks.register(device_arguments.activate)
     init_process_group, new_group = dist.init_process_group, dist.new_group
 
     def cpu_init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -211,6 +224,8 @@ def patch_ray() -> bool:
     import ray
     import ray.util
 
+    from coati_compat import thread_hooks
+
     pg_module = importlib.import_module("ray.util.placement_group")  # ray.util.placement_group is also a function
     ray_init: Callable[..., Any] = ray.init
     make_pg: Callable[..., Any] = pg_module.placement_group
@@ -241,6 +256,7 @@ def patch_ray() -> bool:
     ray.init = cpu_mode_init
     pg_module.placement_group = cpu_mode_placement_group
     ray.util.placement_group = cpu_mode_placement_group
+    thread_hooks.wrap_ray_actor_methods()  # threaded actors run methods in threads of Ray's own
     _patched.add("ray")
     return True
 
