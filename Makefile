@@ -1,13 +1,15 @@
 # Two entry points for a fresh machine: `make demo` and `make test`. Both set up .venv first (idempotent).
+# CUDA hosts add `make test-gpu`, which sets up .venv-gpu (CUDA builds) and runs the tests marked gpu.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+VENV_GPU ?= .venv-gpu
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export VLLM_ENABLE_V1_MULTIPROCESSING := 0
 export VLLM_CPU_KVCACHE_SPACE := 1
 export RAY_DEDUP_LOGS := 0
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup setup-gpu demo test test-fast test-gpu lint bench clean
 
 setup:
 	@bash scripts/setup_env.sh
@@ -22,6 +24,12 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest tests -q -m "not slow"
 
+setup-gpu:
+	@VENV_GPU=$(VENV_GPU) bash scripts/setup_env_gpu.sh
+
+test-gpu: setup-gpu  # CUDA hosts only: tests/gpu (README "GPU test lane"); -rs lists what skipped and why
+	$(VENV_GPU)/bin/python -m pytest tests/gpu -m gpu -q -rs
+
 lint: setup  # ruff: pyflakes, pycodestyle, import order (configuration in pyproject.toml)
 	$(VENV)/bin/ruff check .
 
@@ -29,4 +37,4 @@ bench: setup
 	$(PY) -m pytest benchmarks -q --benchmark-only
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VENV_GPU) runs .pytest_cache
