@@ -148,6 +148,37 @@ def test_behaviour_logprobs_match_recomputation(backend, model_b):
     assert (gain > 0.1).all(), "top-k log-probs are over the 5 kept tokens, so larger than over the vocabulary"
 
 
+def _truncated_logprobs(model, rollout, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """[N, R] log-probs of the response tokens under the tempered distribution cut to its top-k tokens, then to the
+    smallest set holding top_p of the mass, renormalised."""
+    r = rollout.response_ids.size(1)
+    mask = rollout.attention_mask
+    with torch.no_grad():
+        logits = model(input_ids=rollout.sequences, attention_mask=mask,
+                       position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits[:, -(r + 1):-1].float() / temperature
+    kth = logits.topk(top_k, dim=-1).values[..., -1:]
+    logits = logits.masked_fill(logits < kth, float("-inf"))
+    ascending, order = logits.sort(dim=-1)
+    drop = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
+    drop[..., -1] = False
+    logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return torch.log_softmax(logits, dim=-1).gather(-1, rollout.response_ids.unsqueeze(-1)).squeeze(-1)
+
+
+def test_truncated_sampling_reports_the_truncated_distribution(backend, model_b):
+    """With top-k and top-p both backends report the renormalised truncated distribution's log-probs (measured
+    within 1e-6 of this test's own computation), not the full one's, which the consumer's losses use: it
+    recomputes them (`ConsumerWorker.recompute_behaviour`)."""
+    backend.load_weights(4, dict(model_b.state_dict()))
+    backend.sampling = dataclasses.replace(BASE, top_k=5, top_p=0.9)
+    r = backend.generate(PROMPTS, 3)
+    truncated = _truncated_logprobs(model_b, r, 0.7, 5, 0.9)
+    assert ((truncated - r.logprobs) * r.response_mask).abs().max() < 1e-4
+    with torch.no_grad():
+        full = response_logprobs(model_b, r.sequences, r.attention_mask, r.response_ids.size(1), 0.7)
+    assert ((r.logprobs - full) * r.response_mask).max() > 0.5
+
+
 def test_greedy_reports_untempered_logprobs(backend, model_b):
     backend.load_weights(2, dict(model_b.state_dict()))
     backend.sampling = dataclasses.replace(BASE, temperature=0.0)
