@@ -208,6 +208,10 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         # NOTE: max_length counted prompt and response together (prompts were padded to prompt_tokens);
         #       max_new_tokens counts the response only, so it is max_length - prompt_tokens. See
         #       migration_guide/rewriter.md#generation
+        # NOTE: top_k/top_p: the producers sample from the truncated distribution, as the legacy maker did, and
+        #       report its log-probs; the losses need those of the full distribution, which the legacy maker
+        #       computed with an actor forward. The consumers recompute them the same way, one forward without
+        #       gradient per round; drop top_k/top_p to save it. See migration_guide/rewriter.md#generation
         generate_config={
             "max_new_tokens": max_new_tokens(args.max_length, prompt_tokens), "temperature": 1.0, "top_k": 50},
         # NOTE: lora_rank=args.lora_rank -> train_model_config['lora'] (peft): rank r, alpha=1 (the legacy scaling

@@ -18,6 +18,7 @@ from coati_compat.migrate.analyze import LegacyScript
 from coati_compat.migrate.builder import Plan
 from coati_compat.migrate.expressions import call_name, keyword_map, literal
 from coati_compat.migrate.mapping import _Mapper
+from coati_compat.migrate.training_mapping import TRUNCATED_SAMPLING_NOTE
 
 OPTIMIZERS = ("Adam", "AdamW", "HybridAdam", "CPUAdam")
 
@@ -180,6 +181,8 @@ class FourRoleMapper(_Mapper):
                                 "using 64 new tokens.", key="generate_config")
         config = {"max_new_tokens": new_tokens}
         config.update({k: repr(gen[k]) for k in ("temperature", "top_k", "top_p") if k in gen})
+        if "top_k" in config or "top_p" in config:
+            self.note("generation", TRUNCATED_SAMPLING_NOTE, key="generate_config")
         p.kwargs["generate_config"] = "{" + ", ".join(f'"{k}": {v}' for k, v in config.items()) + "}"
 
     def _optimizer_lr(self) -> Optional[str]:

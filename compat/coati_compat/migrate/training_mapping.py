@@ -112,6 +112,12 @@ def _lora(b: MappingContext, actor: Optional[ModelRef], critic: Optional[ModelRe
     b.note("lora", text, key="train_model_config")
 
 
+TRUNCATED_SAMPLING_NOTE = ("top_k/top_p: the producers sample from the truncated distribution, as the legacy maker "
+                           "did, and report its log-probs; the losses need those of the full distribution, which "
+                           "the legacy maker computed with an actor forward. The consumers recompute them the same "
+                           "way, one forward without gradient per round; drop top_k/top_p to save it.")
+
+
 def map_generation(b: MappingContext, maker: Optional[ActorCall]) -> None:
     gen: Dict[str, str] = {}
     max_length = b.code(b.kw(maker, "max_length"))
@@ -133,6 +139,8 @@ def map_generation(b: MappingContext, maker: Optional[ActorCall]) -> None:
                    key="generate_config", line=maker.line)
         else:
             gen[key] = code
+    if "top_k" in gen or "top_p" in gen:
+        b.note("generation", TRUNCATED_SAMPLING_NOTE, key="generate_config")
     b.plan.kwargs["generate_config"] = _dict_code(gen)
 
 
