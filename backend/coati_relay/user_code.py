@@ -138,6 +138,12 @@ class UserCode:
     def __repr__(self) -> str:
         return f"UserCode({[f'{e.kind}:{e.name}' for e in self.entries]})"
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UserCode) and self.blobs == other.blobs
+
+    def __hash__(self) -> int:
+        return hash(self.blobs)
+
     def install(self) -> None:
         """Registers the entries in this process (what unpickling does in an actor)."""
         for entry in self.entries:
