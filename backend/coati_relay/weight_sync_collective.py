@@ -1,4 +1,5 @@
-"""WeightSync over a collective: consumer rank 0 broadcasts each version to every producer (gloo).
+"""WeightSync over a collective: consumer rank 0 broadcasts each version to every producer (NCCL where every member
+has CUDA, else gloo).
 
 The second implementation of the WeightSync seam (the first puts one copy in the object store). The bytes go rank 0
 -> producers over a process group of their own (rank 0: the publishing consumer, rank i+1: producer i), created
@@ -27,11 +28,43 @@ log = logging.getLogger(__name__)
 _POLL_S = 10.0
 
 
-def open_weight_group(addr: str, port: int, rank: int, world_size: int, timeout_s: float):
-    """The broadcast group: rank 0 hosts the TCP store; blocks until all ``world_size`` ranks joined."""
-    timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(addr, port, world_size, is_master=rank == 0, timeout=timeout)
-    return dist.ProcessGroupGloo(dist.PrefixStore("coati-relay-weights", store), rank, world_size, timeout)
+class WeightGroup:
+    """The broadcast group of one member: rank 0 hosts the TCP store; joining blocks until all ``world_size`` ranks
+    joined. Every member posts whether it has CUDA, and all pick the same backend from the posts: NCCL (buffers on
+    this process's current CUDA device) when every member has CUDA and torch has NCCL, else gloo (host memory)."""
+
+    def __init__(self, addr: str, port: int, rank: int, world_size: int, timeout_s: float):
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.PrefixStore("coati-relay-weights",
+                                 dist.TCPStore(addr, port, world_size, is_master=rank == 0, timeout=timeout))
+        store.set(f"cuda/{rank}", "1" if torch.cuda.is_available() else "0")
+        keys = [f"cuda/{r}" for r in range(world_size)]
+        store.wait(keys, timeout)
+        self.backend = choose_backend([store.get(k).decode() == "1" for k in keys], dist.is_nccl_available())
+        if self.backend == "nccl":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            self.group = dist.ProcessGroupNCCL(store, rank, world_size, _nccl_options(timeout))
+        else:
+            self.device = torch.device("cpu")
+            self.group = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        log.info("weight group rank %d/%d joined over %s", rank, world_size, self.backend)
+
+    def broadcast(self, buffers: Dict[str, torch.Tensor]) -> None:
+        """Broadcasts (rank 0) or receives into (others) each buffer (on `device`), as raw bytes: gloo lacks some
+        dtypes (bf16)."""
+        for dt in sorted(buffers):
+            self.group.broadcast(buffers[dt].view(torch.uint8), 0).wait()
+
+
+def choose_backend(members_have_cuda, nccl_available: bool) -> str:
+    """"nccl" when every member has CUDA and torch was built with NCCL, else "gloo"."""
+    return "nccl" if nccl_available and all(members_have_cuda) else "gloo"
+
+
+def _nccl_options(timeout: datetime.timedelta):
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    return options
 
 
 def _adapters_as_tensors(adapters) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
@@ -42,18 +75,12 @@ def _adapters_as_tensors(adapters) -> Tuple[Dict[str, torch.Tensor], Dict[str, f
     return tensors, scalings
 
 
-def _broadcast(group, buffers: Dict[str, torch.Tensor]) -> None:
-    """Broadcasts (rank 0) or receives into (others) each buffer, as raw bytes: gloo lacks some dtypes (bf16)."""
-    for dt in sorted(buffers):
-        group.broadcast(buffers[dt].view(torch.uint8), 0).wait()
-
-
 class CollectivePublisher:
     """Consumer rank 0: announce version v in the weight store, then broadcast its bytes."""
 
     def __init__(self, store, addr: str, port: int, world_size: int, timeout_s: float):
         self.store = store
-        self.group = open_weight_group(addr, port, 0, world_size, timeout_s)
+        self.group = WeightGroup(addr, port, 0, world_size, timeout_s)
 
     def publish(self, version: int, tensors: Optional[Dict[str, torch.Tensor]] = None, adapters=None,
                 timeout_s: float = 120.0) -> Dict[str, float]:
@@ -71,7 +98,7 @@ class CollectivePublisher:
         header = ray.put((meta, sizes, scalings))
         kind = "full" if scalings is None else "lora"
         ray.get(self.store.publish.remote(version, [header], kind, nbytes), timeout=timeout_s)
-        _broadcast(self.group, buffers)
+        self.group.broadcast({dt: b.to(self.group.device) for dt, b in buffers.items()})
         return {"weight_publish_s": time.perf_counter() - t0, "weight_bytes": float(nbytes)}
 
 
@@ -83,7 +110,7 @@ class CollectiveSubscriber:
         self.store = store
         self.base_weights = base_weights
         self.timeout_s = timeout_s
-        self.group = open_weight_group(addr, port, rank, world_size, timeout_s)
+        self.group = WeightGroup(addr, port, rank, world_size, timeout_s)
         self.last_wait_s = self.last_transfer_s = 0.0
         self._latest: Optional[Tuple[int, Dict[str, torch.Tensor], float]] = None
         self._error: Optional[BaseException] = None
@@ -106,8 +133,8 @@ class CollectiveSubscriber:
                                        f"{pub.version}; every version must be broadcast in order")
                 meta, sizes, scalings = ray.get(pub.payload[0])
                 t0 = time.perf_counter()
-                buffers = {dt: torch.empty(n, dtype=_dtype(dt)) for dt, n in sizes.items()}
-                _broadcast(self.group, buffers)
+                buffers = {dt: torch.empty(n, dtype=_dtype(dt), device=self.group.device) for dt, n in sizes.items()}
+                self.group.broadcast(buffers)
                 tensors = unflatten_state_dict(buffers, meta)
                 if scalings is not None:
                     tensors = self._merge(tensors, scalings)
@@ -143,8 +170,6 @@ class CollectiveSubscriber:
             version, tensors, transfer_s = self._latest
         self.last_wait_s, self.last_transfer_s = time.perf_counter() - t0, transfer_s
         return version, tensors
-
-
 
 
 def _dtype(name: str) -> torch.dtype:

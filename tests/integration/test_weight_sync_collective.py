@@ -1,4 +1,5 @@
-"""Collective WeightSync: rank 0 broadcasts every version over gloo; subscribers receive each one in order."""
+"""Collective WeightSync: rank 0 broadcasts every version (gloo here, NCCL where every member has CUDA);
+subscribers receive each one in order."""
 from __future__ import annotations
 
 import threading
@@ -8,7 +9,7 @@ import torch
 
 from coati_relay.training.distributed import free_port
 from coati_relay.weight_sync import make_weight_store
-from coati_relay.weight_sync_collective import CollectivePublisher, CollectiveSubscriber
+from coati_relay.weight_sync_collective import CollectivePublisher, CollectiveSubscriber, choose_backend
 
 pytestmark = pytest.mark.slow
 
@@ -25,8 +26,19 @@ def _pair(store, base=None, first_version=1):
     return pub, made["sub"]
 
 
+@pytest.mark.parametrize("members, nccl, expected", [
+    ([True, True, True], True, "nccl"),
+    ([True, False, True], True, "gloo"),   # one producer without CUDA: everyone falls back to host memory
+    ([True, True], False, "gloo"),         # a torch without NCCL
+    ([False, False], True, "gloo"),
+])
+def test_the_backend_is_nccl_only_when_every_member_has_cuda(members, nccl, expected):
+    assert choose_backend(members, nccl) == expected
+
+
 def test_every_version_arrives_with_its_dtypes(ray_cluster):
     pub, sub = _pair(make_weight_store())
+    assert pub.group.backend == sub.group.backend == ("nccl" if torch.cuda.is_available() else "gloo")
     with pytest.raises(TimeoutError, match="version >= 1"):
         sub.fetch(1, timeout_s=0.5)
     sd = {"w": torch.randn(3, 4), "h": torch.randn(5).bfloat16(), "n": torch.arange(4)}
