@@ -64,6 +64,7 @@ class ConsumerWorker:
         self.cfg = cfg
         self.queue = queue
         self.store = weight_store
+        self.publisher = None  # rank 0's, made in setup
         self.round = 0
 
     # -- set-up ----------------------------------------------------------------------------------------------
@@ -161,13 +162,12 @@ class ConsumerWorker:
             self.backends["critic"] = self.critic
         self.reference = None if reference is None else reference.to(self.device).eval().requires_grad_(False)
         s = cfg.sampling
-        # Behaviour log-probs of a truncated sampler (top-k/top-p) are those of the renormalised truncated
-        # distribution; the losses need the full one, so they are recomputed here (see recompute_behaviour).
+        # A truncated sampler (top-k/top-p) reports the log-probs of the renormalised truncated distribution; the
+        # losses need the full one's, so train_round recomputes them.
         self.recompute_behaviour = s.top_k > 0 or s.top_p < 1.0
         if self.recompute_behaviour and self.rank == 0:
             log.info("top_k=%d, top_p=%s: old log-probs are recomputed over the full distribution each round",
                      s.top_k, s.top_p)
-        self.publisher = None
 
     def _publish(self, version: int) -> Dict[str, float]:
         """Every rank takes part in gathering the weights (a collective under gemini); rank 0 publishes them."""
