@@ -292,6 +292,10 @@ def build_run_config(
                      None if algo is None else algorithms.spec(core_algo).needs_critic)
     reward = _reward(errors, grpo, rm_cfg)
     plugin, max_norm = _plugin(errors, plc)
+    if models.lora and plugin is not None and plugin.name == "gemini":
+        errors.append("train_model_config['lora'] with plugin 'gemini': the LoRA adapters are published from the "
+                      "unwrapped model, whose parameters Gemini shards across ranks; use plugin 'zero2' or 'ddp' "
+                      "for LoRA runs")
     if max_norm is not None and algo is not None and algo.max_grad_norm is None:
         algo = replace(algo, max_grad_norm=max_norm)
     name, checkpointing = _run_settings(errors, seed, progress, project_name, save_interval, run_dir, save_dir,

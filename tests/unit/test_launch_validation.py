@@ -360,3 +360,15 @@ def test_actor_errors_are_told_by_their_own_exception_and_notes():
     assert _short(Wrapped()) == ("KeyError: 'no such answer' (raised by reward function 'r' on a batch of 4 "
                                  "responses)")
     assert _short(ValueError("v" * 700), limit=20) == "ValueError: vvvvvvvv ..."
+
+
+def test_lora_is_refused_with_gemini_which_shards_the_adapters(files, monkeypatch):
+    """LoRA adapters are published from the unwrapped model; Gemini shards its parameters, so a CUDA host's Gemini
+    LoRA run would publish shards. Checked as a CUDA host would see it; ZeRO-2 keeps whole parameters and is fine."""
+    from coati_relay.training import plugins
+
+    monkeypatch.setattr(plugins, "_cuda_available", lambda: True)
+    lora = {"path": files["model"], "lora": {"r": 4}}
+    with pytest.raises(ConfigError, match="lora'\\] with plugin 'gemini'.*'zero2' or 'ddp'"):
+        build_run_config(**good(files, train_model_config=lora, plugin_config={"plugin": "gemini"}))
+    assert build_run_config(**good(files, train_model_config=lora, plugin_config={"plugin": "zero2"})).models.lora
