@@ -7,9 +7,9 @@ GPU-era code passes CUDA devices as arguments: ``torch.randint(..., device="cuda
 
 - replaces a ``device=`` keyword that names a CUDA device by ``torch.device("cpu")`` (every factory and
   ``*_like``/``new_*`` function, ``Tensor.to``; torch 2.13's factories take the device only as a keyword);
-- replaces the positional device of ``Tensor.to(device, ...)`` the same way. ``Module.to`` is covered through it:
-  it parses its arguments with ``torch._C._nn._parse_to`` (a ``device=`` keyword, rewritten) and moves each tensor
-  with ``Tensor.to(device, ...)``.
+- replaces the positional device of ``Tensor.to(device, ...)`` the same way, and that of
+  ``torch._C._nn._parse_to``, with which ``Module.to`` parses its arguments before it moves each tensor with
+  ``Tensor.to(device, ...)``; so ``Module.to`` is covered too.
 
 A CUDA device is a string ``"cuda"``/``"cuda:N"``, a ``torch.device`` of type ``cuda`` (``torch.device("cuda", N)``
 stays constructible without CUDA) or an int ordinal ``N >= 0`` (what ``device=0`` means: the current accelerator).
@@ -31,7 +31,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 _CPU = torch.device("cpu")
-_TENSOR_TO = torch.Tensor.to
+# Where the functions that take a device positionally have it: Tensor.to(device, ...) and the parser of Module.to's
+# arguments (torch 2.13's factories take the device only as a keyword).
+_DEVICE_POSITION = {torch.Tensor.to: 1, torch._C._nn._parse_to: 0}
 
 _local = threading.local()
 _mode: Optional["CudaToCpu"] = None
@@ -63,8 +65,9 @@ class CudaToCpu(TorchFunctionMode):
                 self._noted(func)
         else:
             kwargs = {}
-        if func is _TENSOR_TO and len(args) > 1 and is_cuda_device(args[1]):
-            args = (args[0], _CPU, *args[2:])
+        at = _DEVICE_POSITION.get(func)
+        if at is not None and len(args) > at and is_cuda_device(args[at]):
+            args = (*args[:at], _CPU, *args[at + 1:])
             self._noted(func)
         return func(*args, **kwargs)
 
