@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from coati_relay import algorithms
 from coati_relay.config_algorithm import build_algorithm
+from coati_relay.config_colocate import check_colocate
 from coati_relay.config_keys import (
     IGNORED_LAUNCH_KEYS,
     IGNORED_SECTION_KEYS,
@@ -263,7 +264,7 @@ def build_run_config(
     run_dir: Optional[str] = None, resume_from: Optional[str] = None, on_producer_failure: str = "fail",
     timeout_s: float = 300.0, seed: int = 42, progress: bool = True, weight_sync: str = "object_store",
     placement_strategy: str = "PACK", placement_timeout_s: float = 30.0,
-    role_resources: Optional[Dict[str, Dict[str, float]]] = None, **ignored: Any,
+    role_resources: Optional[Dict[str, Dict[str, float]]] = None, colocate: bool = False, **ignored: Any,
 ) -> RunConfig:
     """Checks every launch parameter and the constraints between them; raises one `ConfigError` listing all."""
     errors: List[str] = []
@@ -296,6 +297,7 @@ def build_run_config(
         errors.append("train_model_config['lora'] with plugin 'gemini': the LoRA adapters are published from the "
                       "unwrapped model, whose parameters Gemini shards across ranks; use plugin 'zero2' or 'ddp' "
                       "for LoRA runs")
+    roles = replace(roles, colocate=check_colocate(errors, colocate, roles, models, plugin))
     if max_norm is not None and algo is not None and algo.max_grad_norm is None:
         algo = replace(algo, max_grad_norm=max_norm)
     name, checkpointing = _run_settings(errors, seed, progress, project_name, save_interval, run_dir, save_dir,

@@ -56,7 +56,8 @@ def fetch_or_none(refs: List[Any], timeout_s: float) -> List[Any]:
 
 
 class ConsumerWorker:
-    """One data-parallel rank, run as a Ray actor: it reads the queue and reports metrics through Ray."""
+    """One data-parallel rank, run as a Ray actor: it reads the queue and reports metrics through Ray. In a
+    colocated run (`coati_relay.colocated`) the driver calls `setup_colocated` and `finish_round` instead."""
 
     def __init__(self, rank: int, cfg: RunConfig, queue, weight_store):
         self.rank = rank
@@ -77,16 +78,43 @@ class ConsumerWorker:
         return ray.util.get_node_ip_address(), free_port(), free_port()
 
     def setup(self, master_addr: str, master_port: int, weight_port: int = 0) -> Dict[str, Any]:
-        from transformers import AutoTokenizer
-
-        from coati_relay.checkpoint import load_checkpoint
-        from coati_relay.training.booster_backend import load_causal_lm
         from coati_relay.training.distributed import init_process_group
 
         cfg = self.cfg
         t0 = time.perf_counter()
         torch.manual_seed(cfg.seed)
         init_process_group(self.rank, self.world_size, master_addr, master_port)
+        self._load()
+        if self.rank == 0:
+            if cfg.roles.weight_sync == "collective":
+                from coati_relay.weight_sync_collective import CollectivePublisher
+
+                self.publisher = CollectivePublisher(self.store, master_addr, weight_port, cfg.roles.num_producers + 1,
+                                                     cfg.roles.timeout_s)
+            else:
+                from coati_relay.weight_sync import WeightPublisher
+
+                self.publisher = WeightPublisher(self.store)
+        self._publish(self.round)
+        return {"role": f"consumer-{self.rank}", "node": node_id(), "setup_s": time.perf_counter() - t0,
+                "start_round": self.round}
+
+    def setup_colocated(self) -> nn.Module:
+        """Set-up in a colocated run (one rank in the driver's process, no publisher): returns the policy module
+        being trained, for the producer to generate with in place."""
+        torch.manual_seed(self.cfg.seed)
+        self._load()
+        return self.policy.unwrapped()
+
+    def _load(self) -> None:
+        """The tokenizer, the models (policy, critic and reference as the algorithm needs) and the round to start
+        at (that of ``resume_from``'s checkpoint, else 0)."""
+        from transformers import AutoTokenizer
+
+        from coati_relay.checkpoint import load_checkpoint
+        from coati_relay.training.booster_backend import load_causal_lm
+
+        cfg = self.cfg
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.models.tokenizer_path)
         spec = algos.spec(cfg.core_algo)
         policy = load_causal_lm(cfg.models.train_path, lora=cfg.models.lora)
@@ -102,19 +130,6 @@ class ConsumerWorker:
         if cfg.checkpointing.resume_from:
             state = load_checkpoint(cfg.checkpointing.resume_from, self.backends)
         self.round = int(state.get("round", 0))
-        if self.rank == 0:
-            if cfg.roles.weight_sync == "collective":
-                from coati_relay.weight_sync_collective import CollectivePublisher
-
-                self.publisher = CollectivePublisher(self.store, master_addr, weight_port, cfg.roles.num_producers + 1,
-                                                     cfg.roles.timeout_s)
-            else:
-                from coati_relay.weight_sync import WeightPublisher
-
-                self.publisher = WeightPublisher(self.store)
-        self._publish(self.round)
-        return {"role": f"consumer-{self.rank}", "node": node_id(), "setup_s": time.perf_counter() - t0,
-                "start_round": self.round}
 
     @classmethod
     def for_models(cls, cfg: RunConfig, policy: nn.Module, reference: Optional[nn.Module] = None,
@@ -207,38 +222,46 @@ class ConsumerWorker:
         """Trains every remaining round; returns this rank's metrics history."""
         import ray
 
-        from coati_relay.checkpoint import save_checkpoint
-
-        cfg = self.cfg
         history = []
-        while self.round < cfg.total_rounds:
-            r = self.round
+        while self.round < self.cfg.total_rounds:
             t0 = time.perf_counter()
-            entries, rollouts = self._take(cfg.entries_per_consumer, r)
-            wait_s = time.perf_counter() - t0
-            batch = Rollout.concat(rollouts, self.tokenizer.pad_token_id)
-            t1 = time.perf_counter()
-            metrics = self.train_round(batch)
-            train_s = time.perf_counter() - t1
-            self.round = r + 1
-            metrics.update(self._publish(self.round))  # every rank gathers, rank 0 publishes
-            if self.round % cfg.checkpointing.save_interval == 0 or self.round == cfg.total_rounds:
-                path = save_checkpoint(cfg.checkpointing.save_dir, self.round, self.backends,  # every rank takes part
-                                       {"round": self.round, "version": self.round})
-                metrics["checkpoint"] = str(path)
-            load_s = max((e.meta.get("weight_load_last_s", 0.0) for e in entries), default=0.0)
-            metrics.update({
-                "step": self.round, "version": self.round, "rollout_version_min": min(e.version for e in entries),
-                "wait_s": wait_s, "train_s": train_s, "round_s": time.perf_counter() - t0,
-                "samples": batch.num_sequences * self.world_size,
-                "samples_per_s": batch.num_sequences * self.world_size / max(time.perf_counter() - t0, 1e-9),
-                "generate_s": sum(e.meta.get("generate_s", 0.0) for e in entries),
-                "weight_sync_s": metrics.get("weight_publish_s", 0.0) + load_s,
-            })
+            entries, rollouts = self._take(self.cfg.entries_per_consumer, self.round)
+            metrics = self.finish_round(rollouts, [e.meta for e in entries], [e.version for e in entries], t0,
+                                        wait_s=time.perf_counter() - t0)
             history.append(metrics)
             if self.rank == 0:
                 ray.get(self.queue.report.remote(metrics), timeout=30)
         return history
+
+    def finish_round(self, rollouts: List[Rollout], metas: List[Dict[str, float]], versions: List[int], t0: float,
+                     wait_s: float) -> Dict[str, Any]:
+        """Trains the current round on ``rollouts`` (their producers' ``metas`` and weight ``versions``), publishes
+        the next weight version, checkpoints when due; returns the round's metrics. ``t0``: when the round began
+        (`time.perf_counter`); ``wait_s``: how long getting the rollouts took."""
+        from coati_relay.checkpoint import save_checkpoint
+
+        cfg = self.cfg
+        batch = Rollout.concat(rollouts, self.tokenizer.pad_token_id)
+        t1 = time.perf_counter()
+        metrics = self.train_round(batch)
+        train_s = time.perf_counter() - t1
+        self.round += 1
+        metrics.update(self._publish(self.round))  # every rank gathers, rank 0 publishes
+        if self.round % cfg.checkpointing.save_interval == 0 or self.round == cfg.total_rounds:
+            path = save_checkpoint(cfg.checkpointing.save_dir, self.round, self.backends,  # every rank takes part
+                                   {"round": self.round, "version": self.round})
+            metrics["checkpoint"] = str(path)
+        load_s = max((m.get("weight_load_last_s", 0.0) for m in metas), default=0.0)
+        elapsed = max(time.perf_counter() - t0, 1e-9)
+        metrics.update({
+            "step": self.round, "version": self.round, "rollout_version_min": min(versions),
+            "wait_s": wait_s, "train_s": train_s, "round_s": elapsed,
+            "samples": batch.num_sequences * self.world_size,
+            "samples_per_s": batch.num_sequences * self.world_size / elapsed,
+            "generate_s": sum(m.get("generate_s", 0.0) for m in metas),
+            "weight_sync_s": metrics.get("weight_publish_s", 0.0) + load_s,
+        })
+        return metrics
 
     # -- training --------------------------------------------------------------------------------------------
     def train_round(self, batch: Rollout) -> Dict[str, float]:

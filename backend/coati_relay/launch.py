@@ -1,5 +1,7 @@
 """`launch_distributed`: ColossalChat's entry point, on Ray, returning a `RunResult` instead of None.
 
+With ``colocate=True`` the run stays in the driver's process instead (`coati_relay.colocated`): no Ray at all.
+
 The driver validates the whole configuration first, then starts the queue, the weight store, the consumers and
 the producers, and supervises them: every wait has a timeout, and a dead actor ends the run within seconds with an
 error that names it (or, with ``on_producer_failure="continue"``, its tasks go to the surviving producers).
@@ -46,6 +48,7 @@ class RunResult:
     producer_stats: List[Dict[str, Any]] = field(default_factory=list)
     setup_s: float = 0.0
     nodes: Dict[str, str] = field(default_factory=dict)  # role or service ("producer-0", "weight-store") -> node id
+    # (empty in a colocated run, which has no Ray nodes)
 
 
 def launch_distributed(**kwargs: Any) -> RunResult:
@@ -85,6 +88,10 @@ def _start_state(cfg: RunConfig) -> Dict[str, Any]:
 
 
 def run(cfg: RunConfig) -> RunResult:
+    if cfg.roles.colocate:
+        from coati_relay.colocated import run_colocated
+
+        return run_colocated(cfg, int(_start_state(cfg).get("round", 0)))
     import ray
     from ray.util.placement_group import remove_placement_group
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -24,7 +24,8 @@ _POLL_S = 2.0  # how often a producer waiting for weights looks for tasks a dead
 
 class ProducerWorker:
     """One producer, run as a Ray actor: its rollouts go to the object store (``ray.put``); the queue and weight
-    store may be actor handles or local objects."""
+    store may be actor handles or local objects. In a colocated run (`coati_relay.colocated`) it has neither: the
+    driver calls `setup_colocated` and `make_rollout`."""
 
     def __init__(self, index: int, cfg: RunConfig, queue, weight_store, start_version: int = 0):
         self.index = index
@@ -39,33 +40,16 @@ class ProducerWorker:
 
     # -- set-up ----------------------------------------------------------------------------------------------
     def setup(self, weight_addr: str = "", weight_port: int = 0) -> Dict[str, Any]:
-        from transformers import AutoTokenizer
-
-        from coati_relay.data import PromptSampler, load_prompts
         from coati_relay.inference import build_inference_backend
         from coati_relay.weight_sync import WeightSubscriber
 
         cfg = self.cfg
         t0 = time.perf_counter()
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.models.tokenizer_path)
-        self.tokenizer.padding_side = "left"
-        self.dataset = load_prompts(cfg.data.dataset, self.tokenizer, max_prompt_tokens=cfg.data.max_prompt_tokens,
-                                    system_prompt=cfg.data.system_prompt)
-        self.sampler = PromptSampler(len(self.dataset), cfg.batches.inference_microbatch_size, seed=cfg.seed)
+        self._load_prompts()
         self.backend = build_inference_backend(cfg.roles.inference_backend, cfg.models.model_path, cfg.sampling,
                                                tokenizer=self.tokenizer, seed=cfg.seed + self.index,
                                                **cfg.models.inference_model_kwargs)
-        self.device = getattr(self.backend, "device", None) or accelerator_device()  # the reward model's too
-        self.reward_fn = self.rm_scorer = None
-        if cfg.models.reward_model_path:
-            from coati_relay.rewards import RewardModelScorer
-
-            self.rm_scorer = RewardModelScorer(cfg.models.reward_model_path, tokenizer=self.tokenizer,
-                                               device=self.device)
-        else:
-            from coati_relay.rewards import get_reward_fn
-
-            self.reward_fn = get_reward_fn(cfg.reward)
+        self._load_scoring()
         base = None
         if cfg.models.lora:
             from coati_relay.training.booster_backend import load_causal_lm
@@ -82,6 +66,45 @@ class ProducerWorker:
         self._load_version(self.start_version, timeout_s=self.cfg.roles.timeout_s)
         return {"role": self.name, "node": node_id(), "setup_s": time.perf_counter() - t0,
                 "backend": cfg.roles.inference_backend}
+
+    def setup_colocated(self, policy: torch.nn.Module) -> None:
+        """Set-up in a colocated run: generates with ``policy`` (the consumer's unwrapped training model) in place,
+        so there is no weight subscriber; the caller sets ``backend.weight_version`` as the policy trains."""
+        from coati_relay.inference.transformers_backend import TransformersBackend
+
+        cfg = self.cfg
+        self._load_prompts()
+        self.backend = TransformersBackend.around(policy, cfg.models.model_path, cfg.sampling,
+                                                  tokenizer=self.tokenizer, seed=cfg.seed + self.index)
+        self.backend.weight_version = self.start_version
+        self._load_scoring()
+
+    def _load_prompts(self) -> None:
+        from transformers import AutoTokenizer
+
+        from coati_relay.data import PromptSampler, load_prompts
+
+        cfg = self.cfg
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.models.tokenizer_path)
+        self.tokenizer.padding_side = "left"
+        self.dataset = load_prompts(cfg.data.dataset, self.tokenizer, max_prompt_tokens=cfg.data.max_prompt_tokens,
+                                    system_prompt=cfg.data.system_prompt)
+        self.sampler = PromptSampler(len(self.dataset), cfg.batches.inference_microbatch_size, seed=cfg.seed)
+
+    def _load_scoring(self) -> None:
+        """The reward model (on the backend's device) or the rule reward."""
+        cfg = self.cfg
+        self.device = getattr(self.backend, "device", None) or accelerator_device()
+        self.reward_fn = self.rm_scorer = None
+        if cfg.models.reward_model_path:
+            from coati_relay.rewards import RewardModelScorer
+
+            self.rm_scorer = RewardModelScorer(cfg.models.reward_model_path, tokenizer=self.tokenizer,
+                                               device=self.device)
+        else:
+            from coati_relay.rewards import get_reward_fn
+
+            self.reward_fn = get_reward_fn(cfg.reward)
 
     # -- weights ---------------------------------------------------------------------------------------------
     def _load_version(self, min_version: int, timeout_s: float) -> None:
@@ -141,9 +164,9 @@ class ProducerWorker:
                                               scale=self.cfg.algo.overlength_scale)
         return rewards
 
-    def _run_task(self, task: int) -> None:
-        import ray
-
+    def make_rollout(self, task: int) -> Tuple[Rollout, Dict[str, float]]:
+        """Generates and scores ``task``'s prompts with the loaded weights; returns the rollout and its metadata
+        (``generate_s``, ``tokens``, ``weight_load_last_s``)."""
         cfg = self.cfg
         idx = self._prompt_indices(task)
         info = {k: [v[i] for i in idx] for k, v in self.dataset.info.items()}
@@ -156,9 +179,15 @@ class ProducerWorker:
         self.stats["samples"] += rollout.num_sequences
         self.stats["tokens"] += tokens
         self.stats["generate_s"] += gen_s
-        meta = {"generate_s": gen_s, "tokens": tokens, "weight_load_last_s": self.last_load_s}
+        return rollout, {"generate_s": gen_s, "tokens": tokens, "weight_load_last_s": self.last_load_s}
+
+    def _run_task(self, task: int) -> None:
+        import ray
+
+        rollout, meta = self.make_rollout(task)
+        timeout_s = self.cfg.roles.timeout_s
         _call(self.queue.put, [ray.put(rollout)], rollout.weight_version, rollout.num_prompts, self.name, task,
-              cfg.roles.timeout_s, meta, timeout_s=cfg.roles.timeout_s + 30)
+              timeout_s, meta, timeout_s=timeout_s + 30)
 
     def run(self) -> Dict[str, float]:
         """Works until the board is empty; returns this producer's counters."""

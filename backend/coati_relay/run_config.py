@@ -18,7 +18,9 @@ class Roles:
     """The actors and how they cooperate: producer and consumer counts, GPUs per producer (vLLM tensor
     parallelism), the inference backend, how weights travel, what a dead producer means, the staleness bound, the
     timeout of every blocking wait (seconds), and placement (`coati_relay.placement`): the placement group's
-    strategy, how long to wait for its resources, and custom resources per role (``producer``, ``consumer``)."""
+    strategy, how long to wait for its resources, and custom resources per role (``producer``, ``consumer``);
+    ``colocate``: one producer and one consumer in the driver's process, sharing the policy
+    (`coati_relay.colocated`)."""
 
     num_producers: int
     num_proc_per_producer: int
@@ -31,6 +33,7 @@ class Roles:
     placement_strategy: str = "PACK"
     placement_timeout_s: float = 30.0
     role_resources: Dict[str, Dict[str, float]] = field(default_factory=dict)
+    colocate: bool = False
 
 
 @dataclass(frozen=True)

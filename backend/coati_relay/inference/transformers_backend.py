@@ -35,7 +35,8 @@ logger = logging.getLogger(__name__)
 
 
 class TransformersBackend:
-    """Generates with a transformers causal LM held in this process.
+    """Generates with a transformers causal LM held in this process: its own copy loaded from ``model_path``, or
+    (`around`) the very module a consumer trains, whose parameters it reads in place.
 
     model_path: a local HF checkpoint; sampling: the `SamplingConfig` (may be replaced between calls through
     ``backend.sampling``); tokenizer: an object, a path, or None for the checkpoint's own; seed: seeds the stream of
@@ -46,12 +47,31 @@ class TransformersBackend:
 
     def __init__(self, model_path: str, sampling: SamplingConfig, tokenizer=None, device: Optional[str] = None,
                  dtype: torch.dtype = torch.float32, seed: int = 0):
-        from transformers import AutoModelForCausalLM, GenerationConfig
+        from transformers import AutoModelForCausalLM
+
+        device = resolve_device(device)
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(device).eval()
+        self._attach(model, model_path, sampling, tokenizer, device, seed, shared=False)
+
+    @classmethod
+    def around(cls, model: torch.nn.Module, model_path: str, sampling: SamplingConfig, tokenizer=None,
+               seed: int = 0) -> "TransformersBackend":
+        """A backend generating with ``model`` itself (a transformers causal LM being trained elsewhere in this
+        process): no copy; each `generate` puts it in eval mode under ``no_grad`` and restores its mode after.
+        ``model_path``: the checkpoint it was loaded from (its EOS ids and tokenizer)."""
+        backend = cls.__new__(cls)
+        backend._attach(model, model_path, sampling, tokenizer, next(model.parameters()).device, seed, shared=True)
+        return backend
+
+    def _attach(self, model: torch.nn.Module, model_path: str, sampling: SamplingConfig, tokenizer,
+                device: torch.device, seed: int, shared: bool) -> None:
+        from transformers import GenerationConfig
 
         self.sampling = sampling
-        self.device = resolve_device(device)
+        self.device = device
+        self.shared = shared
         self.tokenizer = resolve_tokenizer(tokenizer, model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device).eval()
+        self.model = model
         self._eos_ids = checkpoint_eos_ids(model_path, self.tokenizer, self.model.config)
         self.pad_token_id = pad_id_of(self.tokenizer, self._eos_ids)
         self.eos_token_id: Optional[int] = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None \
@@ -99,10 +119,15 @@ class TransformersBackend:
         input_ids, attention_mask = to_device(self.device, prompt_ids.repeat_interleave(n, dim=0),
                                               prompt_mask.repeat_interleave(n, dim=0))
         fork_devices = [self.device] if self.device.type == "cuda" else []
-        with torch.no_grad(), torch.random.fork_rng(devices=fork_devices):
-            torch.manual_seed(self._seeds.next(s))
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask,
-                                      generation_config=self._generation_config(stop_ids))
+        training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=fork_devices):
+                torch.manual_seed(self._seeds.next(s))
+                out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                          generation_config=self._generation_config(stop_ids))
+        finally:
+            self.model.train(training)
         response_ids = out.sequences[:, input_ids.size(1):]
         # One [N, V] score per step: gather step by step instead of materialising [N, R, V].
         logprobs = torch.stack([torch.log_softmax(score.float(), dim=-1).gather(1, response_ids[:, t, None])[:, 0]
@@ -115,6 +140,10 @@ class TransformersBackend:
         """Copies the named weights (HF names, any subset) into the model and records ``version``."""
         if self.model is None:
             raise RuntimeError("TransformersBackend.load_weights: the backend was closed; build a new one")
+        if self.shared:
+            raise RuntimeError("TransformersBackend.load_weights: this backend generates with a model trained in this "
+                               "process and reads its weights in place; update that model instead (and set "
+                               "weight_version)")
         check_weight_update(tensors, self._shapes, version, type(self).__name__)
         with torch.no_grad():
             for name, t in tensors.items():
@@ -123,6 +152,6 @@ class TransformersBackend:
         logger.debug("loaded %d tensors as weight version %d", len(tensors), version)
 
     def close(self) -> None:
-        """Drops the model; the backend cannot generate afterwards."""
+        """Drops the model (a shared one stays with its owner); the backend cannot generate afterwards."""
         self.model = None
         self._params = {}

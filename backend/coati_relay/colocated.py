@@ -1,0 +1,69 @@
+"""The colocated placement: one producer and one consumer rank in the driver's process, sharing one policy.
+
+No Ray: no cluster, actors, queue or weight store. Each round the producer part generates the round's tasks with
+the consumer's training model itself (eval mode, ``no_grad``; `TransformersBackend.around`), scores them, and the
+consumer part trains on them (`ConsumerWorker.finish_round`). The next round generates with the trained weights in
+place: nothing is published or loaded. Prompts, scoring, training, metrics and checkpoints are the same code as in
+the disaggregated run (`coati_relay.launch`), so both give the same `RunResult`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Dict, List
+
+from coati_relay.run_config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+def run_colocated(cfg: RunConfig, start_round: int) -> Any:
+    """Trains rounds ``start_round`` .. ``cfg.total_rounds - 1``; returns the run's `RunResult`."""
+    from coati_relay.consumer import ConsumerWorker
+    from coati_relay.launch import RunResult
+    from coati_relay.metrics import MetricsLogger, ProgressBar, run_summary
+    from coati_relay.producer import ProducerWorker
+
+    t_start = time.perf_counter()
+    cfg.checkpointing.run_dir.mkdir(parents=True, exist_ok=True)
+    consumer = ConsumerWorker(0, cfg, queue=None, weight_store=None)
+    policy = consumer.setup_colocated()
+    if consumer.round != start_round:
+        raise RuntimeError(f"colocated run: the checkpoint put the consumer at round {consumer.round}, the driver "
+                           f"read round {start_round}; resume_from points at an inconsistent checkpoint")
+    producer = ProducerWorker(0, cfg, queue=None, weight_store=None, start_version=start_round)
+    producer.setup_colocated(policy)
+    setup_s = time.perf_counter() - t_start
+    logger = MetricsLogger(cfg.checkpointing.run_dir, drop_after=start_round if start_round else None)
+    bar = ProgressBar(cfg.total_rounds, desc=f"{cfg.core_algo} {cfg.project_name}", enabled=cfg.progress)
+    history: List[Dict[str, Any]] = []
+    counters = {"produced": 0, "consumed": 0, "dropped": 0, "in_flight": 0, "produced_samples": 0,
+                "consumed_samples": 0}
+    try:
+        for r in range(start_round, cfg.total_rounds):
+            t0 = time.perf_counter()
+            producer.backend.weight_version = r  # the policy holds round r's weights: trained in place
+            tasks = range(r * cfg.tasks_per_round, (r + 1) * cfg.tasks_per_round)
+            made = [producer.make_rollout(task) for task in tasks]
+            rollouts = [rollout for rollout, _ in made]
+            metrics = consumer.finish_round(rollouts, [meta for _, meta in made], [r] * len(made), t0,
+                                            wait_s=time.perf_counter() - t0)
+            prompts = sum(x.num_prompts for x in rollouts)
+            for key in ("produced", "consumed"):
+                counters[key] += len(made)
+                counters[f"{key}_samples"] += prompts
+            history.append(metrics)
+            numbers = {k: v for k, v in metrics.items() if k not in ("step", "time") and isinstance(v, (int, float))}
+            logger.log(int(metrics["step"]), numbers)
+            bar.update(int(metrics["step"]) - 1, numbers)
+    finally:
+        bar.close()
+        producer.backend_close()
+    summary = run_summary(logger.history)
+    summary["setup_s"] = setup_s
+    summary["wall_s"] = time.perf_counter() - t_start - setup_s
+    log.info("colocated run %s: %d rounds in %.1fs after %.1fs of set-up", cfg.project_name, len(history),
+             summary["wall_s"], setup_s)
+    return RunResult(history=history, checkpoints=[h["checkpoint"] for h in history if "checkpoint" in h],
+                     run_dir=cfg.checkpointing.run_dir, summary=summary, counters=counters,
+                     producer_stats=[dict(producer.stats)], setup_s=setup_s)

@@ -1,0 +1,57 @@
+"""``colocate``: the producer and the consumer in one process, generating with the training model itself.
+
+What a colocated run cannot serve is refused here, in the driver, with the setting to change: it has one process
+holding one producer and one consumer rank, generates with the policy being trained (so from the same checkpoint,
+in its dtype, with the trained weights of the current round), and has no weights to send anywhere.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, List
+
+from coati_relay.run_config import Models, Plugin, Roles
+
+
+def check_colocate(errors: List[str], colocate: Any, roles: Roles, models: Models, plugin: Plugin) -> bool:
+    """Appends an error per setting a colocated run cannot honour; returns ``colocate`` as a bool."""
+    if not isinstance(colocate, bool):
+        errors.append(f"colocate must be a bool (True: producer and consumer share one process and one copy of the "
+                      f"policy; False: separate Ray actors), got {colocate!r}")
+        return False
+    if not colocate:
+        return False
+    fix = "or use colocate=False"
+    if roles.num_producers != 1 or roles.num_consumers != 1:
+        errors.append(f"colocate=True runs one producer and one consumer in one process; more ranks are not "
+                      f"implemented yet (got num_producers={roles.num_producers}, num_consumer_procs="
+                      f"{roles.num_consumers}): set both to 1, {fix}")
+    if roles.inference_backend != "transformers":
+        errors.append(f"colocate=True generates with the training model through transformers; inference_backend="
+                      f"{roles.inference_backend!r} is not implemented colocated yet: use inference_backend="
+                      f"'transformers', {fix}")
+    if roles.weight_sync != "object_store":
+        errors.append(f"weight_sync={roles.weight_sync!r} sends weights to producer processes, which a colocated "
+                      f"run has none of (generation reads the trained weights in place): leave weight_sync at "
+                      f"'object_store', {fix}")
+    if roles.n_behind:
+        errors.append(f"n_behind={roles.n_behind} lets producers generate while consumers train, which one process "
+                      f"cannot do: a colocated run is on-policy (n_behind=0), {fix}")
+    if roles.on_producer_failure != "fail":
+        errors.append(f"on_producer_failure={roles.on_producer_failure!r} needs other producers to take over; a "
+                      f"colocated run has one: leave it at 'fail', {fix}")
+    paths = [Path(p).resolve() for p in (models.model_path, models.train_path) if p]
+    if len(paths) == 2 and paths[0] != paths[1]:
+        errors.append(f"colocate=True generates with the model being trained, so inference_model_config['path'] "
+                      f"({models.model_path}) must be train_model_config['path'] ({models.train_path}): give one "
+                      f"path, {fix}")
+    if models.inference_model_kwargs:
+        errors.append(f"colocate=True generates with the training model itself (its device and dtype), so "
+                      f"inference_model_config takes only 'path'; got {sorted(models.inference_model_kwargs)}: drop "
+                      f"them, {fix}")
+    if models.lora:
+        errors.append(f"colocate=True with train_model_config['lora'] is not implemented yet: train the full model, "
+                      f"{fix}")
+    if plugin.name == "gemini":
+        errors.append(f"plugin 'gemini' keeps the policy's parameters in its own chunks, which generation cannot "
+                      f"read in place: use plugin 'ddp' or 'zero2' with colocate=True, {fix}")
+    return True
