@@ -279,3 +279,26 @@ def test_response_logprobs_rejects_bad_input(model_b, kwargs, error):
     args = dict(sequences=torch.ones(2, 10, dtype=torch.long), attention_mask=torch.ones(2, 10)) | kwargs
     with pytest.raises(error, match="response_logprobs"):
         response_logprobs(model_b, **args)
+
+
+# -- a backend around a model trained in this process (colocated runs) ----------------------------------------------
+def test_backend_around_a_module_shares_its_parameters(tiny_model_path):
+    """`TransformersBackend.around` holds no copy: its parameters are the module's storage, a change to the module
+    shows in the next generation, the module's train mode survives a generation, and loading weights is refused."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).train()
+    backend = TransformersBackend.around(model, tiny_model_path, dataclasses.replace(BASE, temperature=0.0))
+    own = {n: p.data_ptr() for n, p in model.named_parameters()}
+    assert {n: p.data_ptr() for n, p in backend.model.named_parameters()} == own
+    before = backend.generate(PROMPTS[:2], 1)
+    assert model.training, "generation puts the module back in train mode"
+    assert all(p.requires_grad for p in model.parameters())
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    after = backend.generate(PROMPTS[:2], 1)
+    assert not torch.equal(before.logprobs, after.logprobs), "generation reads the changed weights in place"
+    assert {n: p.data_ptr() for n, p in model.named_parameters()} == own
+    with pytest.raises(RuntimeError, match="in place"):
+        backend.load_weights(1, {"model.norm.weight": model.model.norm.weight.detach().clone()})
