@@ -1,6 +1,7 @@
 """One side of the TRL pair (`test_vs_trl.py`), run as its own process so that its start-up and memory are its own:
 
     python benchmarks/peer_grpo.py {trl|engine} --model DIR --steps N --out RESULT.json [--backend vllm|transformers]
+        [--colocate]
 
 Both sides do the same GRPO work: the toy prompts (`coati_relay.toy`, chat template applied), ``PROMPTS_PER_STEP``
 prompts x ``GENERATIONS`` samples of at most ``NEW_TOKENS`` tokens per step, the ``toy_letter`` reward, AdamW at
@@ -88,13 +89,15 @@ def run_trl(model: str, steps: int, work_dir: Path) -> Dict[str, Any]:
     return {"side": "trl", "steps": steps_out, "params": _moved_and_finite(model, trainer.model)}
 
 
-def run_engine(model: str, steps: int, work_dir: Path, backend: str) -> Dict[str, Any]:
-    """`launch_distributed(core_algo="GRPO")`: one producer, one consumer, a local Ray cluster of its own."""
-    import ray
-
+def run_engine(model: str, steps: int, work_dir: Path, backend: str, colocate: bool) -> Dict[str, Any]:
+    """`launch_distributed(core_algo="GRPO")`: one producer, one consumer; disaggregated on a local Ray cluster of
+    its own, or colocated in this process (no Ray)."""
     from coati_relay.launch import launch_distributed
 
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    if not colocate:
+        import ray
+
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         result = launch_distributed(
             num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
@@ -106,13 +109,16 @@ def run_engine(model: str, steps: int, work_dir: Path, backend: str) -> Dict[str
             grpo_config={"lr": LR, "beta": 0.0, "weight_decay": 0.01, "reward_fn_type": "toy_letter",
                          "train_microbatch_size": PROMPTS_PER_STEP * GENERATIONS},
             plugin_config={"plugin": "ddp"}, inference_backend=backend, num_generations=GENERATIONS,
-            core_algo="GRPO", project_name="vs-trl", run_dir=str(work_dir / "engine"), save_interval=10_000)
+            core_algo="GRPO", project_name="vs-trl", run_dir=str(work_dir / "engine"), save_interval=10_000,
+            colocate=colocate)
     finally:
-        ray.shutdown()
+        if not colocate:
+            ray.shutdown()
     out = [{"step_s": h["round_s"], "generate_s": h.get("generate_s", 0.0), "reward": h["reward"],
             "tokens": h.get("response_length", 0.0) * h["samples"]} for h in result.history]
     ckpt = result.checkpoints[-1] if result.checkpoints else None
-    return {"side": f"engine-{backend}", "steps": out, "params": _moved_and_finite(model, ckpt)}
+    side = f"engine-{'colocated-' if colocate else ''}{backend}"
+    return {"side": side, "steps": out, "params": _moved_and_finite(model, ckpt)}
 
 
 def _moved_and_finite(initial: str, trained: Any) -> Dict[str, Any]:
@@ -141,13 +147,14 @@ def main(argv: List[str]) -> int:
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--backend", default="vllm", choices=["vllm", "transformers"])
+    p.add_argument("--colocate", action="store_true", help="the engine side: producer and consumer in one process")
     a = p.parse_args(argv)
     work_dir = Path(a.out).with_suffix("")
     work_dir.mkdir(parents=True, exist_ok=True)
     if a.side == "trl":
         result = run_trl(a.model, a.steps, work_dir)
     else:
-        result = run_engine(a.model, a.steps, work_dir, a.backend)
+        result = run_engine(a.model, a.steps, work_dir, a.backend, a.colocate)
     result["pid"] = os.getpid()
     Path(a.out).write_text(json.dumps(result))
     return 0

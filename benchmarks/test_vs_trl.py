@@ -6,6 +6,9 @@ and the peak memory is the largest sum of the proportional set sizes (PSS) of th
 8 samples of at most 12 new tokens, one optimizer step (`peer_grpo.py` lists the settings). Two model sizes: the tiny
 Qwen2 (hidden 128, 2 layers, 0.38M parameters) and a small one (hidden 256, 6 layers, 3.5M parameters).
 
+Sides: TRL, the engine disaggregated (Ray actors) with a vLLM or a transformers producer, and the engine colocated
+(``colocate=True``: one process, generating with the training model itself).
+
 Figures per side (medians over the timed rounds; a round is one whole run): steady s/step (the steps after the
 first), samples/s, whole-run time, peak PSS, the reward curve and the first step whose reward reached 0.9, the FLOPs
 of a step's generation and training from the model's shapes (`flops.py`), and the achieved FLOP/s beside this
@@ -29,7 +32,10 @@ from flops import generation_flops, matmul_peak_flops, model_shapes, training_fl
 
 HERE = Path(__file__).resolve().parent
 SETTINGS = {"0.38M": dict(hidden_size=128, num_layers=2), "3.5M": dict(hidden_size=256, num_layers=6)}
-SIDES = ["trl", "engine-vllm", "engine-transformers"]
+# side -> peer_grpo.py arguments
+SIDES = {"trl": ["trl"], "engine-vllm": ["engine", "--backend", "vllm"],
+         "engine-transformers": ["engine", "--backend", "transformers"],
+         "engine-colocated": ["engine", "--backend", "transformers", "--colocate"]}
 SAMPLES_PER_STEP = 64  # peer_grpo.PROMPTS_PER_STEP * peer_grpo.GENERATIONS
 MAX_NEW_TOKENS = 12
 STEPS_TIMED, ROUNDS_TIMED, STEPS_SMOKE = 20, 3, 2
@@ -69,10 +75,8 @@ def _pss_bytes(root_pid: int) -> int:
 def run_side(side: str, model: str, steps: int, out_dir: Path) -> Dict[str, Any]:
     """Runs one side in a process of its own; returns its result file plus ``whole_run_s`` and ``peak_pss_gib``."""
     out = out_dir / f"{side}.json"
-    cmd = [sys.executable, str(HERE / "peer_grpo.py"), side.split("-")[0], "--model", model, "--steps", str(steps),
+    cmd = [sys.executable, str(HERE / "peer_grpo.py"), *SIDES[side], "--model", model, "--steps", str(steps),
            "--out", str(out)]
-    if side.startswith("engine-"):
-        cmd += ["--backend", side.split("-", 1)[1]]
     log = open(out_dir / f"{side}.log", "w")
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RAY_ADDRESS": "local"})
@@ -142,7 +146,7 @@ def _figures(runs: List[Dict[str, Any]], model: str, peak: float) -> Dict[str, A
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("side", list(SIDES))
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_grpo_vs_trl(benchmark, figures, tmp_path, peer_models, peak_flops, setting, side):
     benchmark.group = f"vs-trl-grpo-{setting}"
