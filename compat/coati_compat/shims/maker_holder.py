@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import ray
 import torch
 
+from coati_compat.compare.recording import maker_callbacks
 from coati_compat.legacy.callbacks import ExperienceMakerPerformanceEvaluator, MakerCallback
 from coati_compat.legacy.experience import Experience, split_experience_batch
 from coati_compat.legacy.experience_maker import NaiveExperienceMaker
@@ -111,6 +112,7 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
         actor, critic, reward_model, initial_model = self.strategy.prepare(actor, critic, reward_model,
                                                                            initial_model)
         self.experience_maker = NaiveExperienceMaker(actor, critic, reward_model, initial_model, kl_coef=kl_coef)
+        self.callbacks += maker_callbacks(self.experience_maker)  # compare's recorder, off unless it runs
         self.sampler_kind = resolve_sampler(sampler or default_sampler(), self._actor_model())
         self._sampler: Optional[EngineSampler] = None
         if self.sampler_kind != "legacy":
