@@ -4,14 +4,17 @@ release. The non-Ray PPO trainer sampled from these; the Ray trainers use ``Deta
 
 ``NaiveReplayBuffer`` keeps single-sample ``BufferItem`` s in a list, drops the oldest items beyond ``limit`` (0: no
 limit) and samples ``sample_batch_size`` of them at random, without replacement, into one ``Experience``.
+``buffer_dataloader`` is what ``Strategy.setup_dataloader`` gives for a buffer: its items in shuffled batches of
+``sample_batch_size``, each rank of a data-parallel group reading its own share.
 """
 from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from typing import Any, List
+from typing import Any, Iterator, List
 
 import torch
+from torch.utils.data import DataLoader, DistributedSampler
 
 from coati_compat.deprecations import deprecated_api
 from coati_compat.legacy.experience import BufferItem, Experience, make_experience_batch, split_experience_batch
@@ -109,3 +112,29 @@ class ExperienceBuffer(_ReplayBufferBase, ABC):
 @deprecated_api("coati.experience_buffer.NaiveExperienceBuffer")
 class NaiveExperienceBuffer(_NaiveReplayBufferBase, ExperienceBuffer):
     __doc__ = _NaiveReplayBufferBase.__doc__
+
+
+class _EpochSampler(DistributedSampler):
+    """A ``DistributedSampler`` that moves to the next epoch after each pass, so every pass is a new permutation
+    (the same one on every rank)."""
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(super().__iter__())
+        self.set_epoch(self.epoch + 1)
+        return iter(indices)
+
+
+def buffer_dataloader(buffer: Any, num_replicas: int = 1, rank: int = 0, seed: int = 0,
+                      pin_memory: bool = False) -> DataLoader:
+    """A ``DataLoader`` over ``buffer`` (a legacy replay/experience buffer): batches of ``buffer.sample_batch_size``
+    items merged by ``buffer.collate_fn``, shuffled with ``seed``, the incomplete last batch dropped. With
+    ``num_replicas > 1`` each rank reads every num_replicas-th item of the permutation, so ranks holding the same
+    items get different batches, and the same number of them."""
+    for name in ("sample_batch_size", "collate_fn", "__len__", "__getitem__"):
+        if not hasattr(buffer, name):
+            raise TypeError(f"setup_dataloader needs a legacy replay buffer (with {name}), got {type(buffer).__name__}")
+    if not 0 <= rank < num_replicas:
+        raise ValueError(f"need 0 <= rank < num_replicas, got rank={rank}, num_replicas={num_replicas}")
+    sampler = _EpochSampler(buffer, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
+    return DataLoader(buffer, batch_size=buffer.sample_batch_size, sampler=sampler, drop_last=True,
+                      pin_memory=pin_memory, collate_fn=buffer.collate_fn)

@@ -8,8 +8,8 @@ gloo. ``unwrap_model`` follows the reference version: the Hugging Face model for
 wrapper for a critic, so that pushed state-dict keys are HF keys (actor) and ``Critic`` keys (critic).
 Where the plugin in use keeps no fp32 master weights (naive, ddp, every CPU fallback), ``prepare`` gives fp16/bf16
 models an optimizer over fp32 masters with the strategy's loss scale (`coati_compat.legacy.master_weights`).
-Deviations from the legacy code: ``save_model(model, path, only_rank0=False)`` (the final version read the third
-argument as ``shard``); LowLevelZero's state-dict shards use the generic path (the legacy one called a method that
+Checkpoints follow `coati_compat.legacy.strategy_checkpoint` (both releases' call forms). Deviations from the
+legacy code: LowLevelZero's state-dict shards use the generic path (the legacy one called a method that
 does not exist); a module without trainable parameters is not wrapped (DDP rejects it).
 """
 from __future__ import annotations
@@ -22,16 +22,19 @@ import random
 import sys
 from abc import ABC
 from collections import OrderedDict
-from typing import Any, ContextManager, Dict, Iterator, List, Optional
+from typing import Any, ContextManager, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.data import DataLoader
 
 from coati_compat.deprecations import deprecated_api
+from coati_compat.legacy import strategy_checkpoint as checkpoint
 from coati_compat.legacy.master_weights import find_master_optimizer, with_master_weights
 from coati_compat.legacy.model_base import Actor
+from coati_compat.legacy.replay_buffer import buffer_dataloader
 from coati_compat.legacy.tables import CLASS_PLUGINS, LEGACY_PRECISION
 from coati_relay.training.plugins import build_plugin, resolve_plugin
 
@@ -219,41 +222,41 @@ class Strategy(ABC):
         if shard:
             yield shard
 
-    def _rank(self) -> int:
-        return dist.get_rank() if dist.is_initialized() else 0
+    def save_model(self, model: nn.Module, path: str, *args: Any, only_rank0: Optional[bool] = None,
+                   shard: Optional[bool] = None, **kwargs: Any) -> None:
+        """``save_model(model, path, only_rank0=True)``: rank 0 writes the state dict to one file (False: every
+        rank writes it to its ``path``); ``shard=True``: the booster's sharded directory, ``kwargs`` its options.
+        The third positional argument is ``only_rank0`` (``shard`` under ``COATI_RELAY_LEGACY_NAMES=final``);
+        see `coati_compat.legacy.strategy_checkpoint`."""
+        only_rank0, shard = checkpoint.model_save_form(args, only_rank0, shard)
+        state_of = model if self.booster is None else self._booster_state_holder(model)
+        checkpoint.save_model(self.booster, model, state_of, path, only_rank0, shard, **kwargs)
 
-    def save_model(self, model: nn.Module, path: str, only_rank0: bool = False, **kwargs: Any) -> None:
-        """Saves the model's state dict to ``path`` (only on rank 0 when ``only_rank0``)."""
-        if only_rank0 and self._rank() != 0:
-            return
-        if self.booster is None:
-            torch.save(model.state_dict(), path)
-        else:
-            self.booster.save_model(model, path, shard=False, **kwargs)
+    def _booster_state_holder(self, model: nn.Module) -> nn.Module:
+        """The module whose state dict the booster's unsharded checkpoint holds (GeminiDDP gathers its own)."""
+        return model if self.plugin_name == "gemini" else _unwrap_booster(model)
 
-    def load_model(self, model: nn.Module, path: str, strict: bool = True) -> None:
-        if self.booster is None:
-            model.load_state_dict(torch.load(path, map_location="cpu"), strict=strict)
-        else:
-            self.booster.load_model(model, path, strict=strict)
+    def load_model(self, model: nn.Module, path: str, *args: Any, strict: Optional[bool] = None,
+                   map_location: Any = None) -> None:
+        """Loads a file or sharded directory from `save_model`; third argument ``map_location`` (reference form,
+        ``strict`` fourth) or ``strict`` (final release)."""
+        strict, map_location = checkpoint.load_form(args, strict, map_location)
+        checkpoint.load_model(self.booster, model, path, strict, map_location)
 
-    def save_optimizer(self, optimizer: torch.optim.Optimizer, path: str, only_rank0: bool = False) -> None:
-        """Saves the optimizer state (booster: sharded unless ``only_rank0``, as in the legacy code)."""
-        if self.booster is None:
-            if not only_rank0 or self._rank() == 0:
-                torch.save(optimizer.state_dict(), path)
-        else:
-            self.booster.save_optimizer(optimizer, path, shard=not only_rank0)
+    def save_optimizer(self, optimizer: torch.optim.Optimizer, path: str, only_rank0: bool = False,
+                       **kwargs: Any) -> None:
+        """Every rank writes the complete optimizer state to its ``path`` (``only_rank0``: rank 0 only); under
+        ``COATI_RELAY_LEGACY_NAMES=final`` the booster's sharded directory (see
+        `coati_compat.legacy.strategy_checkpoint`)."""
+        checkpoint.save_optimizer(self.booster, optimizer, path, only_rank0, **kwargs)
 
-    def load_optimizer(self, optimizer: torch.optim.Optimizer, path: str) -> None:
-        if self.booster is None:
-            optimizer.load_state_dict(torch.load(path, map_location="cpu"))
-        else:
-            self.booster.load_optimizer(optimizer, path)
+    def load_optimizer(self, optimizer: torch.optim.Optimizer, path: str, map_location: Any = None) -> None:
+        """Loads this rank's file (or a sharded directory) written by `save_optimizer`."""
+        checkpoint.load_optimizer(self.booster, optimizer, path, map_location, not self.keeps_master_weights)
 
     def save_pretrained(self, model: nn.Module, path: str, only_rank0: bool = True, tokenizer: Any = None) -> None:
         """``save_pretrained`` of the unwrapped (Hugging Face) model and of the tokenizer."""
-        if only_rank0 and self._rank() != 0:
+        if only_rank0 and checkpoint.rank() != 0:
             return
         unwrapped = self.unwrap_model(model)
         if not hasattr(unwrapped, "save_pretrained"):
@@ -264,6 +267,19 @@ class Strategy(ABC):
 
     def setup_sampler(self, dataset: Any) -> DistributedSampler:
         return DistributedSampler(dataset, 1, 0)
+
+    def _data_parallel(self) -> Tuple[int, int]:
+        """(world size, rank) of the data-parallel group this strategy trains in."""
+        if not dist.is_initialized():
+            return 1, 0
+        return dist.get_world_size(), dist.get_rank()
+
+    def setup_dataloader(self, replay_buffer: Any, pin_memory: bool = False) -> DataLoader:
+        """A ``DataLoader`` over a legacy replay buffer: batches of its ``sample_batch_size``, shuffled (the same
+        permutation on every rank, a new one each pass), the last incomplete batch dropped, merged by its
+        ``collate_fn``; each rank of the strategy's process group reads its own share."""
+        world_size, rank = self._data_parallel()
+        return buffer_dataloader(replay_buffer, world_size, rank, self.seed, pin_memory)
 
 
 @deprecated_api("coati.trainer.strategies.NaiveStrategy")
@@ -276,6 +292,9 @@ class NaiveStrategy(Strategy):
 
     def setup_distributed(self) -> None:
         _init_process_group_from_env(required=False)
+
+    def _data_parallel(self) -> Tuple[int, int]:
+        return 1, 0  # wraps nothing: every process trains on all of its own data
 
 
 @deprecated_api("coati.trainer.strategies.DDPStrategy")

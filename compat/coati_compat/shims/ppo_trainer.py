@@ -154,16 +154,16 @@ class DetachedPPOTrainerImpl(DetachedTrainer):
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
     def strategy_save_actor(self, path: str, only_rank0: bool = False) -> None:
-        self.strategy.save_model(self.actor, path, only_rank0)
+        self.strategy.save_model(self.actor, path, only_rank0=only_rank0)
 
     def strategy_save_critic(self, path: str, only_rank0: bool = False) -> None:
-        self.strategy.save_model(self.critic, path, only_rank0)
+        self.strategy.save_model(self.critic, path, only_rank0=only_rank0)
 
     def strategy_save_actor_optim(self, path: str, only_rank0: bool = False) -> None:
-        self.strategy.save_optimizer(self.actor_optim, path, only_rank0)
+        self.strategy.save_optimizer(self.actor_optim, path, only_rank0=only_rank0)
 
     def strategy_save_critic_optim(self, path: str, only_rank0: bool = False) -> None:
-        self.strategy.save_optimizer(self.critic_optim, path, only_rank0)
+        self.strategy.save_optimizer(self.critic_optim, path, only_rank0=only_rank0)
 
     # -- non-legacy ----------------------------------------------------------------------------------------------
     def get_weight_version(self) -> int:
