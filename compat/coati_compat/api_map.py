@@ -20,6 +20,23 @@ the legacy code on purpose is in [deviations.md](deviations.md).
 """
 
 
+# Prose shown under a module's heading, before its entries.
+NOTES: Dict[str, str] = {
+    "coati.dataset": (
+        "The final release's datasets, as plain tokenisation: `PromptDataset` (instructions of a JSON list),\n"
+        "`SFTDataset` / `SupervisedDataset` (`prompt + completion + eos` to `max_length`, labels `IGNORE_INDEX`\n"
+        "on the prompt and the padding; ChatGLM-6B's `[gMASK] <bos>` layout for a tokenizer with\n"
+        "`gmask_token_id`), `RmStaticDataset` / `HhRlhfDataset` (chosen and rejected texts plus the end token).\n"
+        "Scripts that load tokenizers by hub name (`gpt2`, `facebook/opt-350m`, `bigscience/bloom-560m`,\n"
+        "`hf-internal-testing/llama-tokenizer`) run offline on tiny stand-ins:\n"
+        "`python -m coati_compat.hub_standins DIR` writes them into `DIR` as a Hugging Face hub cache; then run\n"
+        "with `HF_HUB_CACHE=DIR HF_HUB_OFFLINE=1`. Their vocabularies are characters, so token ids differ from the\n"
+        "real tokenizers'; an entry already holding a real download is left alone. `THUDM/chatglm-6b` has no\n"
+        "stand-in (`ChatGLMTokenizer` is not served), and hub datasets (`datasets.load_dataset`) are not stood in."
+    ),
+}
+
+
 def _line(name: str, entry: Deprecation) -> str:
     kind = "module" if entry.is_module else "name"
     shown = name if entry.is_module else name.rpartition(".")[2]
@@ -44,7 +61,8 @@ def render() -> str:
         lines.append(_line(name, entry))
     parts = [HEADER]
     for module, lines in sections.items():
-        parts.append(f"## `{module}`\n\n" + "\n".join(lines) + "\n")
+        note = f"{NOTES[module]}\n\n" if module in NOTES else ""
+        parts.append(f"## `{module}`\n\n{note}" + "\n".join(lines) + "\n")
     return "\n".join(parts) + "\n"
 
 

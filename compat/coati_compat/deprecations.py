@@ -162,6 +162,24 @@ def _build_table() -> Dict[str, Deprecation]:
         "_set_default_generate_kwargs": "the generation keywords of the producer's inference config",
     })
 
+    # coati.dataset (final release): the datasets of ColossalChat's 2023 SFT, reward-model and PPO scripts.
+    prompts = "a .jsonl or .csv prompt file as train_dataset_config={'path': ...} of " + launch
+    tokenized = "ColossalChat's coati.dataset ({}) or your own torch Dataset"
+    modules("coati_compat.legacy.datasets",
+            prompts + " (RL prompts); " + tokenized.format("tokenize_sft, tokenize_rlhf"), "coati.dataset",
+            "coati.dataset.prompt_dataset", "coati.dataset.reward_dataset", "coati.dataset.utils")
+    modules("coati_compat.legacy.sft_datasets", tokenized.format("tokenize_sft"), "coati.dataset.sft_dataset")
+    names("coati.dataset", "coati_compat.legacy.datasets", {
+        "PromptDataset": prompts,
+        "RmStaticDataset": tokenized.format("tokenize_rlhf"),
+        "HhRlhfDataset": tokenized.format("tokenize_rlhf"),
+        "is_rank_0": "torch.distributed.get_rank() == 0",
+    })
+    names("coati.dataset", "coati_compat.legacy.sft_datasets", {
+        "SFTDataset": tokenized.format("tokenize_sft"),
+        "SupervisedDataset": tokenized.format("tokenize_sft"),
+    })
+
     # coati.models: the wrappers and model families, on transformers models.
     modules("coati_compat.legacy.models", hf_models, "coati.models")
     modules("coati_compat.legacy.model_base", hf_models, "coati.models.base")

@@ -1,0 +1,152 @@
+"""Tiny local stand-ins for the hub tokenizers that ColossalChat's legacy scripts and tests load by name.
+
+``python -m coati_compat.hub_standins DIR`` writes, for each name of ``STANDINS`` (``gpt2``, ``facebook/opt-350m``,
+``bigscience/bloom-560m``, ``hf-internal-testing/llama-tokenizer``), a small tokenizer into ``DIR`` laid out as a
+Hugging Face hub cache (``DIR/models--org--name/refs/main`` and ``snapshots/<revision>/``). With
+``HF_HUB_CACHE=DIR`` (or ``HF_HOME=H`` and ``DIR=H/hub``) and ``HF_HUB_OFFLINE=1``, ``from_pretrained("gpt2")`` then
+loads the stand-in without a network. Each snapshot holds the tokenizer files and a ``config.json`` naming the model
+type (``AutoTokenizer`` reads it); there are no weights.
+
+Each stand-in keeps what the legacy code relies on (its class, special tokens, whether a BOS is prepended, the
+padding side) over a character-level vocabulary: every byte (GPT-2, OPT, BLOOM: byte-level; LLaMA: SentencePiece-style
+``▁`` words with byte fallback), no merges. Token ids therefore differ from the real tokenizers'; the stand-ins are
+for running code offline, not for real checkpoints. An entry that already holds a different revision (a real
+download) is left alone unless ``--force``.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import shutil
+import string
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+logger = logging.getLogger(__name__)
+
+
+def _byte_level_vocab(specials: Iterable[str]) -> Dict[str, int]:
+    """Special tokens first, then the 256 byte-level characters."""
+    from tokenizers import pre_tokenizers
+
+    vocab = {token: i for i, token in enumerate(specials)}
+    for char in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab.setdefault(char, len(vocab))
+    return vocab
+
+
+def _gpt2() -> Any:
+    from transformers import GPT2Tokenizer
+
+    # GPT-2: "<|endoftext|>" is BOS, EOS and UNK; no pad token, nothing prepended, right padding.
+    return GPT2Tokenizer(vocab=_byte_level_vocab(["<|endoftext|>"]), merges=[])
+
+
+def _opt() -> Any:
+    from transformers import GPT2Tokenizer
+
+    # OPT: a GPT-2 tokenizer that prepends "</s>" (its BOS and EOS) to every text, with a "<pad>" token.
+    return GPT2Tokenizer(vocab=_byte_level_vocab(["<pad>", "</s>", "<unk>"]), merges=[], bos_token="</s>",
+                         eos_token="</s>", unk_token="</s>", pad_token="<pad>", add_bos_token=True)
+
+
+def _bloom() -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    # BLOOM: a fast byte-level tokenizer, nothing prepended, left padding.
+    backend = Tokenizer(models.BPE(vocab=_byte_level_vocab(["<unk>", "<s>", "</s>", "<pad>"]), merges=[],
+                                   unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>", padding_side="left")
+
+
+def _llama() -> Any:
+    from transformers import LlamaTokenizer
+
+    # LLaMA: "▁"-words with byte fallback, "<s>" prepended, no pad token (scripts use "<unk>").
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for byte in range(256):
+        vocab[f"<0x{byte:02X}>"] = len(vocab)
+    for char in ["▁"] + list(string.ascii_letters + string.digits + string.punctuation):
+        vocab.setdefault(char, len(vocab))
+    return LlamaTokenizer(vocab=vocab, merges=[], add_bos_token=True)
+
+
+STANDINS: Dict[str, Callable[[], Any]] = {
+    "gpt2": _gpt2,
+    "facebook/opt-350m": _opt,
+    "bigscience/bloom-560m": _bloom,
+    "hf-internal-testing/llama-tokenizer": _llama,
+}
+# The model type each config.json names (``AutoTokenizer`` reads the model config); no weights are written.
+MODEL_TYPES = {"gpt2": "gpt2", "facebook/opt-350m": "opt", "bigscience/bloom-560m": "bloom",
+               "hf-internal-testing/llama-tokenizer": "llama"}
+
+
+def revision(name: str) -> str:
+    """The stand-in's fixed 40-hex revision (the same on every machine)."""
+    return hashlib.sha1(f"coati-relay stand-in {name}".encode()).hexdigest()
+
+
+def repo_dir(cache_dir: Path, name: str) -> Path:
+    return cache_dir / ("models--" + name.replace("/", "--"))
+
+
+def write_standin(cache_dir: Path, name: str, force: bool = False) -> Optional[Path]:
+    """Writes the stand-in of ``name`` into ``cache_dir``; returns its snapshot directory, or None when the cache
+    already holds another revision of ``name`` (and not ``force``)."""
+    if name not in STANDINS:
+        raise ValueError(f"no stand-in for {name!r}; known: {sorted(STANDINS)}")
+    repo, rev = repo_dir(cache_dir, name), revision(name)
+    ref = repo / "refs" / "main"
+    if ref.exists() and ref.read_text().strip() != rev and not force:
+        logger.warning("%s already holds %s at revision %s (a real download?); left alone (use --force to replace)",
+                       cache_dir, name, ref.read_text().strip())
+        return None
+    snapshot = repo / "snapshots" / rev
+    with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
+        from transformers import AutoConfig
+
+        tokenizer = STANDINS[name]()
+        tokenizer.save_pretrained(tmp)
+        ids = {f"{k}_token_id": getattr(tokenizer, f"{k}_token_id") for k in ("bos", "eos", "pad")}
+        AutoConfig.for_model(MODEL_TYPES[name], vocab_size=len(tokenizer), **ids).save_pretrained(tmp)
+        if snapshot.exists():
+            shutil.rmtree(snapshot)
+        snapshot.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(tmp, snapshot)
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    ref.write_text(rev)
+    return snapshot
+
+
+def write_standins(cache_dir: os.PathLike, names: Optional[Iterable[str]] = None, force: bool = False) -> List[str]:
+    """Writes the stand-ins of ``names`` (default: all) into the hub cache ``cache_dir``; returns the names
+    written."""
+    cache = Path(cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    return [n for n in (names or STANDINS) if write_standin(cache, n, force) is not None]
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m coati_compat.hub_standins", description=__doc__.split("\n\n")[0])
+    parser.add_argument("cache_dir", help="the hub cache to write (then run with HF_HUB_CACHE=<cache_dir>)")
+    parser.add_argument("names", nargs="*", help=f"hub names (default: all of {sorted(STANDINS)})")
+    parser.add_argument("--force", action="store_true", help="replace entries that hold another revision")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    written = write_standins(args.cache_dir, args.names or None, args.force)
+    logger.info("wrote %s into %s; use HF_HUB_CACHE=%s HF_HUB_OFFLINE=1", ", ".join(written) or "nothing",
+                args.cache_dir, os.path.abspath(args.cache_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
