@@ -1,10 +1,18 @@
-"""Log-probs of sampled response tokens, recomputed by a model (the consumer's view of a rollout)."""
+"""Log-probs of sampled response tokens, recomputed by a model (the consumer's view of a rollout).
+
+The log-softmax over the vocabulary is taken in blocks of about ``BLOCK_ELEMENTS`` logits, forward and backward, so
+that no full-vocabulary float32 tensor of every response position is held besides the model's own logits.
+"""
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, List, Tuple
 
 import torch
+
+# Logits per block of the log-softmax (float32: 4 MiB); a block holds whole vocabulary rows. Measured with a
+# 152k vocabulary, blocks of 2**18 to 2**21 logits keep the peak at twice the logits; 2**23 and more add a fifth.
+BLOCK_ELEMENTS = 1 << 20
 
 
 def _logits_of(output: Any) -> torch.Tensor:
@@ -54,8 +62,70 @@ def response_logprobs(model: torch.nn.Module, sequences: torch.Tensor, attention
     # Only the logits that predict response tokens are needed: [N, R + 1, V] instead of [N, S, V].
     if "logits_to_keep" in inspect.signature(model.forward).parameters:
         kwargs["logits_to_keep"] = num_response_tokens + 1
-    logits = _logits_of(model(**kwargs))[:, -(num_response_tokens + 1):-1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    targets = sequences[:, -num_response_tokens:].unsqueeze(-1)
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets).squeeze(-1)
+    logits = _logits_of(model(**kwargs))
+    return chosen_logprobs(logits, sequences[:, -num_response_tokens:], temperature)
+
+
+def chosen_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``log_softmax(logits[:, K-R-1 : K-1] / temperature)`` gathered at ``targets``, in vocabulary blocks.
+
+    logits: [N, K, V] (any float dtype), K >= R + 1: the last position predicts nothing and is skipped.
+    targets: LongTensor [N, R]. Returns FloatTensor [N, R] (float32), the same values as the one-shot expression.
+    Under autograd only ``logits`` and an [N, R] normaliser are kept for the backward, which recomputes each
+    block's softmax; the gradient comes back as one tensor of the logits' shape (zero at unused positions).
+    """
+    return _ChosenLogProbs.apply(logits, targets, float(temperature))
+
+
+def _blocks(n: int, r: int, v: int) -> List[Tuple[slice, slice]]:
+    """(rows, positions) blocks covering [n, r] with at most ``BLOCK_ELEMENTS`` logits each (at least one row)."""
+    if r * v <= BLOCK_ELEMENTS:
+        step = BLOCK_ELEMENTS // (r * v)
+        return [(slice(i, i + step), slice(0, r)) for i in range(0, n, step)]
+    step = max(1, BLOCK_ELEMENTS // v)
+    return [(slice(i, i + 1), slice(j, j + step)) for i in range(n) for j in range(0, r, step)]
+
+
+class _ChosenLogProbs(torch.autograd.Function):
+    """Forward: per block, ``log_softmax(x / t).gather(targets)`` and the normaliser ``logsumexp(x / t)`` [N, R].
+    Backward: per block, ``(onehot(targets) - exp(x / t - normaliser)) * grad / t``."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+        n, k, v = logits.shape
+        r = targets.size(1)
+        start = k - r - 1
+        out = torch.empty(n, r, dtype=torch.float32, device=logits.device)
+        norm = torch.empty_like(out)
+        for rows, pos in _blocks(n, r, v):
+            x = logits[rows, start + pos.start: start + min(pos.stop, r)].float()
+            if temperature != 1.0:
+                x = x / temperature
+            tgt = targets[rows, pos].unsqueeze(-1)
+            chosen = x.gather(-1, tgt).squeeze(-1)
+            out[rows, pos] = torch.log_softmax(x, dim=-1).gather(-1, tgt).squeeze(-1)
+            norm[rows, pos] = chosen - out[rows, pos]
+        ctx.save_for_backward(logits, targets, norm)
+        ctx.temperature = temperature
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        logits, targets, norm = ctx.saved_tensors
+        t = ctx.temperature
+        n, k, v = logits.shape
+        r = targets.size(1)
+        start = k - r - 1
+        grad = torch.zeros_like(logits)
+        for rows, pos in _blocks(n, r, v):
+            cols = slice(start + pos.start, start + min(pos.stop, r))
+            x = logits[rows, cols].float()
+            if t != 1.0:
+                x = x / t
+            g = grad_out[rows, pos].unsqueeze(-1)
+            block = torch.exp(x - norm[rows, pos].unsqueeze(-1)).mul_(-g)
+            block.scatter_add_(-1, targets[rows, pos].unsqueeze(-1), g)
+            if t != 1.0:
+                block.div_(t)
+            grad[rows, cols] = block
+        return grad, None, None
