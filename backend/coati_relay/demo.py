@@ -1,5 +1,9 @@
-"""`coati-relay demo`: a tiny model learns the toy task with GRPO and PPO through `launch_distributed`
-(a vLLM producer, a ColossalAI consumer, Ray in between), then the legacy `coati.ray` API runs PPO on the same task.
+"""`coati-relay demo`: a tiny model learns the toy task with GRPO and PPO through `launch_distributed`, then the
+legacy `coati.ray` API runs PPO on the same task.
+
+The engine runs colocated by default (``colocate=True``: producer and consumer in this process, generating with the
+training model itself; the README's "Using the engine" gives the measurements behind that choice);
+``--mode disaggregated`` runs a vLLM (or ``--backend transformers``) producer and a ColossalAI consumer as Ray actors.
 
 Everything is built locally: the model and tokenizer (cached after the first run) and the prompts.
 """
@@ -16,7 +20,8 @@ from typing import Any, Dict, List, Optional
 log = logging.getLogger(__name__)
 
 
-def _engine_kwargs(model: str, data: str, run_dir: Path, algo: str, rounds: int, backend: str) -> Dict[str, Any]:
+def _engine_kwargs(model: str, data: str, run_dir: Path, algo: str, rounds: int, backend: str,
+                   colocate: bool) -> Dict[str, Any]:
     """Settings that make the reward rise within a minute or two on two CPU cores."""
     group = 8 if algo != "PPO" else 4
     prompts_per_round = 8
@@ -32,14 +37,19 @@ def _engine_kwargs(model: str, data: str, run_dir: Path, algo: str, rounds: int,
                      "train_microbatch_size": 32},
         plugin_config={"plugin": "ddp"},
         inference_backend=backend, num_generations=group, core_algo=algo,
-        project_name=f"demo-{algo.lower()}", run_dir=str(run_dir), save_interval=10_000,
+        project_name=f"demo-{algo.lower()}", run_dir=str(run_dir), save_interval=10_000, colocate=colocate,
     )
 
 
-def run_demo(out_dir: str = "runs/demo", rounds: int = 20, backend: str = "vllm", legacy: bool = True,
-             seed: int = 0) -> Dict[str, Any]:
-    """Runs GRPO, PPO and (optionally) the legacy PPO shims; prints a table; returns the summaries."""
-    import ray
+def run_demo(out_dir: str = "runs/demo", rounds: int = 20, backend: Optional[str] = None, legacy: bool = True,
+             seed: int = 0, colocate: bool = True) -> Dict[str, Any]:
+    """Runs GRPO, PPO and (optionally) the legacy PPO shims; prints a table; returns the summaries.
+
+    backend: the producer's inference backend (None: transformers colocated, vLLM disaggregated)."""
+    backend = backend or ("transformers" if colocate else "vllm")
+    if colocate and backend != "transformers":
+        raise ValueError(f"the colocated demo generates with the training model through transformers; backend "
+                         f"{backend!r} runs with --mode disaggregated")
 
     from coati_relay.launch import launch_distributed
     from coati_relay.metrics import summary_table
@@ -54,14 +64,18 @@ def run_demo(out_dir: str = "runs/demo", rounds: int = 20, backend: str = "vllm"
     model = str(build_tiny_model(seed=seed))
     data = str(write_toy_dataset(out / "prompts.jsonl", num_prompts=8))
     print(f"[demo] tiny model: {model}\n[demo] prompts:    {data}")
-    if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    if not colocate or legacy:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     rows: List[Dict[str, Any]] = []
     run_dirs = []
     for algo in ("GRPO", "PPO"):
         run_dir = out / algo.lower()
-        print(f"[demo] {algo}: 1 {backend} producer, 1 ColossalAI consumer, {rounds} steps")
-        result = launch_distributed(**_engine_kwargs(model, data, run_dir, algo, rounds, backend))
+        where = "colocated in this process" if colocate else "as Ray actors"
+        print(f"[demo] {algo}: 1 {backend} producer, 1 ColossalAI consumer, {where}, {rounds} steps")
+        result = launch_distributed(**_engine_kwargs(model, data, run_dir, algo, rounds, backend, colocate))
         rows.append({"run": f"{algo} (new API)", **result.summary})
         run_dirs.append(run_dir)
     if legacy and importlib.util.find_spec("coati_compat") is None:
@@ -103,8 +117,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="coati-relay demo", description=__doc__)
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--backend", default="vllm", choices=["vllm", "transformers"])
+    p.add_argument("--mode", default="colocated", choices=["colocated", "disaggregated"],
+                   help="colocated: one process sharing the policy (default); disaggregated: Ray actors")
+    p.add_argument("--backend", default=None, choices=["vllm", "transformers"],
+                   help="the producer's backend (default: transformers colocated, vllm disaggregated)")
     p.add_argument("--no-legacy", action="store_true")
     a = p.parse_args(argv)
-    run_demo(a.out, a.steps, a.backend, legacy=not a.no_legacy)
+    if a.mode == "colocated" and a.backend == "vllm":
+        p.error("--backend vllm runs with --mode disaggregated; the colocated mode generates with transformers")
+    run_demo(a.out, a.steps, a.backend, legacy=not a.no_legacy, colocate=a.mode == "colocated")
     return 0
