@@ -140,6 +140,7 @@ def test_num_actions_up_to_and_past_the_sequence_length_gives_every_log_prob(mod
     actor = models["actor"]
     seq, mask = _batch(1)
     every = ref_exp.action_log_probs(actor.model, seq, seq.size(1) - 1, mask)
+    torch.testing.assert_close(ref_exp.action_log_probs(actor.model, seq, num_actions, mask), every, **TOL)
     torch.testing.assert_close(actor(seq, num_actions, mask), every, **TOL)  # b5f056636 test_checkpoint
     logits = actor(seq, mask)["logits"]  # be400a093 test_checkpoint
     torch.testing.assert_close(calc_action_log_probs(logits, seq, num_actions), every, **TOL)

@@ -66,11 +66,12 @@ def action_mask_of(sequences: torch.Tensor, input_len: int, eos_token_id: Option
 
 def action_log_probs(causal_lm: nn.Module, sequences: torch.Tensor, num_actions: int,
                      attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
-    """Log-probs [B,num_actions] of the last num_actions tokens under a HF causal LM."""
+    """Log-probs [B,num_actions] of the last num_actions tokens under a HF causal LM; the legacy slice
+    ``[:, -num_actions:]`` of the S-1 log-probs, so ``num_actions >= S`` gives all S-1."""
     logits = causal_lm(input_ids=sequences, attention_mask=attention_mask).logits
     log_probs = torch.log_softmax(logits[:, :-1, :], dim=-1)
     picked = torch.gather(log_probs, 2, sequences[:, 1:, None])[..., 0]
-    return picked[:, picked.size(1) - num_actions:]
+    return picked[:, -num_actions:]
 
 
 def critic_value(body: nn.Module, value_head: nn.Module, sequences: torch.Tensor,
