@@ -2,8 +2,9 @@
 
 Legacy scripts end their model factories in ``.half().cuda()`` and their data functions in ``.cuda()`` or
 ``torch.randint(..., device=torch.cuda.current_device())``; those functions run inside the trainer and maker
-actors. On a host without CUDA, `install` (called by the shim actors only, never in the driver) makes these calls
-keep tensors and modules on the CPU, and warns once per process:
+actors. On a host without CUDA, `install` (called by the shim actors, never in the driver; in CPU mode by every
+process, `coati_compat.cpu_mode`, which also places CUDA device arguments such as ``device="cuda"`` on the CPU with
+`coati_compat.device_arguments`) makes these calls keep tensors and modules on the CPU, and warns once per process:
 
 - ``Tensor.cuda()`` and ``Module.cuda()`` return the object unchanged (it already lives on the CPU);
 - ``torch.cuda.current_device()`` returns ``torch.device("cpu")``, so ``device=torch.cuda.current_device()`` and
