@@ -143,13 +143,13 @@ def run_legacy(script: Path, args: argparse.Namespace, out: Path) -> List[Dict[s
 
 def run_migrated(migrated: Path, args: argparse.Namespace, out: Path, budget: int) -> Dict[str, Any]:
     run_dir = out / "migrated" / "run"
-    command = side_commands.migrated_command(migrated, args.script_args, shlex.split(args.migrated_args), run_dir,
-                                             budget, Path.cwd())
+    command, kwargs = side_commands.migrated_command(migrated, args.script_args, shlex.split(args.migrated_args),
+                                                     run_dir, budget, Path.cwd())
     run = sides.run_side(command, sides.side_env({}), Path.cwd(), out / "migrated" / "log.txt",
                          lambda: len(steps.migrated_rows(run_dir)), budget, args.timeout)
     rows = steps.migrated_rows(run_dir)[:budget]
     logger.info("compare: migrated run: %d step(s) in %.0f s", len(rows), run.wall_s)
-    return {"run": run.to_json(), "rows": rows,
+    return {"run": run.to_json(), "rows": rows, "idle_topics": explanations.idle_topics(kwargs),
             "summary": steps.summarize(rows, run.wall_s, run.total_peak_memory_mib)}
 
 
@@ -200,7 +200,8 @@ def compare(args: argparse.Namespace) -> Dict[str, Any]:
             migrated = run_migrated(Path(rewritten["migrated_script"]), args, out, budget)
         except ValueError as exc:
             skipped = f"{exc}."
-    found = _deviations(script, args, cuda) + explanations.note_explanations(rewritten.pop("notes"))
+    found = _deviations(script, args, cuda) + explanations.note_explanations(
+        rewritten.pop("notes"), migrated["idle_topics"] if migrated else ())
     judged = verdicts.judge([r["rows"] for r in legacy], [r["summary"] for r in legacy],
                             migrated["rows"] if migrated else [], migrated["summary"] if migrated else {})
     comparison = {"script": str(script), "args": list(args.script_args), "steps_budget": args.steps, "cuda": cuda,

@@ -129,12 +129,13 @@ def deviation_explanations(guide_text: str, facts: ScriptFacts) -> List[Explanat
             for i, (phrase, quantities) in enumerate(rows, start=1)]
 
 
-def note_explanations(notes: Sequence[Note]) -> List[Explanation]:
-    """The rewriter's NOTEs, each with the quantities of its topic."""
-    return [Explanation(f"N{i}", note.text, note.link, NOTE_QUANTITIES[note.topic])
-            for i, note in enumerate(notes, start=1)]
+def note_explanations(notes: Sequence[Note], idle_topics: Sequence[str] = ()) -> List[Explanation]:
+    """The rewriter's NOTEs, each with the quantities of its topic; topics in ``idle_topics`` (e.g. ``lora`` for a
+    run without LoRA) explain nothing in this run."""
+    return [Explanation(f"N{i}", note.text, note.link, () if note.topic in idle_topics
+                        else NOTE_QUANTITIES[note.topic]) for i, note in enumerate(notes, start=1)]
 
 
-def tags_for(explanations: Sequence[Explanation], quantity: str) -> List[str]:
-    """The tags of the explanations of ``quantity``."""
-    return [e.tag for e in explanations if quantity in e.quantities]
+def idle_topics(launch_kwargs: Dict) -> List[str]:
+    """NOTE topics that cannot move a number of a run with these ``launch_distributed`` keywords."""
+    return [] if (launch_kwargs.get("train_model_config") or {}).get("lora") else ["lora"]

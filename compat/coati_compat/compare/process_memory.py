@@ -25,9 +25,12 @@ def role_of(proc: psutil.Process, root_pid: int) -> str:
     if proc.pid == root_pid:
         return "driver"
     try:
-        title = (proc.cmdline() or [""])[0]
+        cmdline = proc.cmdline() or [""]
     except (psutil.Error, OSError):
         return "ray services"
+    title = cmdline[0]
+    if any("default_worker.py" in part for part in cmdline[:3]):
+        return "idle workers"  # a worker still starting, before Ray titles it
     if title.startswith("ray::"):
         name = title[len("ray::"):].split(".")[0].split(" ")[0].rpartition(":")[2]  # "maker0:Class" -> "Class"
         return "idle workers" if name == "IDLE" else name

@@ -9,7 +9,6 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from coati_compat.compare.explanations import tags_for
 from coati_compat.compare.verdicts import QUANTITIES
 
 logger = logging.getLogger(__name__)
@@ -30,6 +29,11 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def tags_for(explanations: Sequence[Dict[str, Any]], quantity: str) -> List[str]:
+    """The tags of the deviations and NOTEs (as in ``compare.json``) that explain ``quantity``."""
+    return [e["tag"] for e in explanations if quantity in e["quantities"]]
 
 
 def legacy_mean_rows(legacy: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -130,6 +134,10 @@ def header_lines(comparison: Dict[str, Any]) -> List[str]:
         lines += [f"- {text}" for text in rw["untranslated"]]
         lines += ["", "Its script is complete nonetheless (the engine's roles replace those parts), so it ran; read "
                   "the numbers below with these parts in mind.", ""]
+    curves = [[r["reward"] for r in run["rows"]] for run in comparison["legacy"]]
+    if len(curves) > 1 and curves[0] and all(c == curves[0] for c in curves):
+        lines += ["The legacy runs made the same rewards step for step (the script fixes its random seeds), so the "
+                  "noise of every verdict is its floor.", ""]
     if comparison.get("migrated_skipped"):
         lines += [f"**The migrated side did not run:** {comparison['migrated_skipped']} The legacy side ran alone.",
                   ""]
@@ -162,6 +170,7 @@ def plot(comparison: Dict[str, Any], png: Path) -> Optional[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (ax_r, ax_l) = plt.subplots(1, 2, figsize=(9, 3.2), dpi=80)
     sides = [(f"legacy {i}", "tab:blue", r["rows"]) for i, r in enumerate(comparison["legacy"], start=1)]
@@ -177,6 +186,7 @@ def plot(comparison: Dict[str, Any], png: Path) -> Optional[Path]:
     ax_l.set_title("loss")
     for ax in (ax_r, ax_l):
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=6)
     fig.suptitle(f"{Path(comparison['script']).name}: legacy vs migrated", fontsize=9)
     fig.tight_layout()

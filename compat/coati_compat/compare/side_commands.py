@@ -12,7 +12,7 @@ import importlib.util
 import math
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 RESERVED_MIGRATED_FLAGS = ("--num_episodes", "--run_dir")
 
@@ -53,8 +53,9 @@ def launch_kwargs_of(migrated: Path, args: Sequence[str]) -> Dict[str, Any]:
 
 
 def migrated_command(migrated: Path, args: Sequence[str], extra: Sequence[str], run_dir: Path,
-                     steps: int, cwd: Path) -> List[str]:
-    """The migrated side's command line for ``steps`` steps; ValueError when it cannot be built."""
+                     steps: int, cwd: Path) -> Tuple[List[str], Dict[str, Any]]:
+    """The migrated side's command line for ``steps`` steps and the ``launch_distributed`` keywords it will use;
+    ValueError when it cannot be built."""
     clash = [a for a in extra if a.split("=")[0] in RESERVED_MIGRATED_FLAGS]
     if clash:
         raise ValueError(f"--migrated-args must not set {', '.join(clash)}: compare sets the run length and the "
@@ -67,5 +68,6 @@ def migrated_command(migrated: Path, args: Sequence[str], extra: Sequence[str], 
         raise ValueError(f"the prompt file holds {prompts} prompt(s), fewer than one round of the migrated run "
                          f"({per_round} = inference_batch_size x num_producers); give it more prompts")
     episodes = math.ceil(steps / rounds)
-    return [sys.executable, str(migrated), *args, *extra, "--num_episodes", str(episodes), "--run_dir",
-            str(run_dir)]
+    command = [sys.executable, str(migrated), *args, *extra, "--num_episodes", str(episodes), "--run_dir",
+               str(run_dir)]
+    return command, kwargs

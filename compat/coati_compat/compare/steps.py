@@ -11,7 +11,9 @@ Legacy rows come from the recorded events (`coati_compat.compare.recording`):
   its losses are the means over its batches, its samples those of its first epoch, its push time the slowest
   trainer's. Experience is consumed first in, first out: the makers' batches, in the order they were made, fill
   the steps' sample counts, and give each step its reward (the reward model's score) and KL;
-- scripts with their own actors (``loss`` events): in time order, a step ends where experience follows losses.
+- scripts with their own actors (``loss`` events): in time order, a step ends where a process that made experience
+  in it makes experience again after losses (another process may still make its share of the step's experience
+  while the first learners run).
 
 ``step_s`` of step k is the time from the end of step k-1 to its end (step 1: from its first experience).
 """
@@ -116,14 +118,17 @@ def _function_rows(events: List[Dict[str, Any]], finished: bool) -> List[Dict[st
     timed = sorted((e for e in events if e["event"] in ("experience", "loss")),
                    key=lambda e: e["t1"] if e["event"] == "experience" else e["t"])
     steps: List[List[Dict[str, Any]]] = []
-    after_loss = True
+    makers: set = set()  # processes that made experience in the current step
+    after_loss = False
     for event in timed:
-        if event["event"] == "experience" and after_loss:
+        if event["event"] == "experience" and (not steps or (after_loss and event["pid"] in makers)):
             steps.append([])
-            after_loss = False
+            makers, after_loss = set(), False
         if not steps:
             continue  # losses before any experience: nothing to pair them with
         steps[-1].append(event)
+        if event["event"] == "experience":
+            makers.add(event["pid"])
         after_loss = after_loss or event["event"] == "loss"
     if not finished and steps:
         steps = steps[:-1]  # the last one may still be running

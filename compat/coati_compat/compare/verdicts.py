@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass
 from typing import List, Optional, Sequence
 
 SAME, BETTER, WORSE, NOT_COMPARED = "same within noise", "better", "worse", "not compared"
-REL_FLOOR = 0.10  # the smallest noise band: 10% of the legacy level
+REL_FLOOR = 0.10  # the smallest noise band: 10% of the legacy level ...
+ABS_FLOOR = 1e-6  # ... and never below this (a KL of 1e-9 against 0 is no difference)
 
 RULE = (
     "Per-step curves (reward, KL, actor loss, critic loss), over the steps both sides made: d = mean over steps of "
@@ -18,8 +19,9 @@ RULE = (
     "(with one legacy run: the RMS of its residuals around its least-squares line). Scalars (s/step, samples/s, "
     "whole-run time, weight push, peak memory, final reward, reward slope): d = migrated - mean of the legacy runs; "
     f"noise = the spread of the legacy runs. Either noise is at least {REL_FLOOR:.0%} of the legacy level (mean "
-    "absolute value). |d| <= noise reads 'same within noise'; otherwise 'better' or 'worse' by the quantity's "
-    "direction (higher is better for reward, its slope and samples/s; lower for everything else).")
+    f"absolute value) and at least {ABS_FLOOR:g}. |d| <= noise reads 'same within noise'; otherwise 'better' or "
+    "'worse' by the quantity's direction (higher is better for reward, its slope and samples/s; lower for "
+    "everything else).")
 
 
 @dataclass
@@ -53,7 +55,7 @@ def decide(difference: float, noise: float, better: str) -> str:
 
 
 def _floor(level: float) -> float:
-    return REL_FLOOR * abs(level)
+    return max(REL_FLOOR * abs(level), ABS_FLOOR)
 
 
 def trend_residual(values: Sequence[float]) -> float:

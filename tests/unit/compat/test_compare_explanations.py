@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from coati_compat.compare import cli, explanations
+from coati_compat.compare.report import tags_for
 from coati_compat.migrate.notes import TOPICS, Note
 from coati_compat.migrate.rewrite import migrate_file
 
@@ -51,8 +52,8 @@ def test_notes_carry_their_topics_quantities():
     assert [e.tag for e in found] == [f"N{i}" for i in range(1, len(notes) + 1)]
     kl = next(e for e in found if "GAE" in e.text)
     assert "kl" in kl.quantities and kl.link.endswith("#kl-and-advantages")
-    assert explanations.tags_for(found, "kl") and not explanations.tags_for(
-        explanations.note_explanations([Note("routing", "x")]), "kl")
+    assert tags_for([e.to_json() for e in found], "kl")
+    assert not tags_for([e.to_json() for e in explanations.note_explanations([Note("routing", "x")])], "kl")
 
 
 @pytest.mark.parametrize("words, message", [

@@ -149,3 +149,15 @@ def test_function_recording_wraps_the_legacy_functions(tmp_path, monkeypatch):
     assert events[0]["reward_sum"] == 4.0 and events[0]["kl_sum"] == 0.0
     assert events[1]["which"] == "actor" and events[1]["value"] == pytest.approx(loss.item())
     assert events[2]["which"] == "critic" and events[2]["samples"] == 2
+
+
+def test_a_learner_that_starts_before_another_process_made_its_experience_stays_in_the_step(tmp_path):
+    """Four-role order: policy rank 0 scores and learns while rank 1 is still scoring its share of the step."""
+    def loss(t, which="actor"):
+        return {"event": "loss", "which": which, "t": t, "value": 1.0, "samples": 2}
+
+    write_events(tmp_path, 1, [experience(1.0, 2, 0.1), loss(1.5), experience(3.0, 2, 0.3), loss(3.5)])
+    write_events(tmp_path, 2, [experience(1.6, 2, 0.2), loss(1.8), experience(3.1, 2, 0.4), loss(3.6)])
+    write_events(tmp_path, 3, [loss(1.9, "critic"), loss(3.7, "critic")])
+    rows = legacy_rows(tmp_path)
+    assert [(r["samples"], round(r["reward"], 6)) for r in rows] == [(4, 0.15), (4, 0.35)]

@@ -56,6 +56,8 @@ def test_noise_is_the_spread_of_the_legacy_runs_with_a_relative_floor():
     identical = curve_verdict("kl", [[1.0, 1.0], [1.0, 1.0]], [1.05, 1.05], "lower")
     assert identical.noise == pytest.approx(0.1) and identical.verdict == SAME  # 10% of the level
     assert curve_verdict("kl", [[1.0, 1.0], [1.0, 1.0]], [1.2, 1.2], "lower").verdict == WORSE
+    tiny = curve_verdict("kl", [[0.0, 0.0], [0.0, 2e-9]], [0.0, 0.0], "lower")
+    assert tiny.noise == pytest.approx(1e-6) and tiny.verdict == SAME, "an absolute floor"
 
 
 def test_one_legacy_run_takes_its_residuals_around_its_trend_as_noise():
