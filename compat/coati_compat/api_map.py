@@ -32,7 +32,14 @@ NOTES: Dict[str, str] = {
         "`python -m coati_compat.hub_standins DIR` writes them into `DIR` as a Hugging Face hub cache; then run\n"
         "with `HF_HUB_CACHE=DIR HF_HUB_OFFLINE=1`. Their vocabularies are characters, so token ids differ from the\n"
         "real tokenizers'; an entry already holding a real download is left alone. `THUDM/chatglm-6b` has no\n"
-        "stand-in (`ChatGLMTokenizer` is not served), and hub datasets (`datasets.load_dataset`) are not stood in."
+        "stand-in (`ChatGLMTokenizer` is not served). `--datasets-cache DDIR` also writes the hub datasets the\n"
+        "legacy scripts and tests load (`Anthropic/hh-rlhf` whole and with `data_dir` `harmless-base` or\n"
+        "`helpful-base`, `Dahoas/rm-static`, `yizhongw/self_instruct` config `super_natural_instructions`) into\n"
+        "`DDIR` as the `datasets` library's own cache, which is what `datasets.load_dataset` reads offline (it\n"
+        "does not read dataset repositories from the hub cache then); run with `HF_DATASETS_CACHE=DDIR` as well\n"
+        "(or write into `H/hub` and `H/datasets` and run with `HF_HOME=H`). They hold made-up rows (40 per split,\n"
+        "`train` and `test`) with the columns the legacy classes read (`chosen`/`rejected`; `prompt`/`response`/\n"
+        "`chosen`/`rejected`; `prompt`/`completion`), not the real data."
     ),
 }
 
