@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import sys
 import uuid
 from pathlib import Path
@@ -60,7 +61,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reuse-legacy", default=None, metavar="DIR",
                         help="take the legacy runs from an earlier report in DIR (same script, arguments, steps)")
     parser.add_argument("--migrated-args", default="", metavar="'ARGS'",
-                        help="extra arguments for the migrated side only, quoted (e.g. '--lr 1e-5')")
+                        help="extra arguments for the migrated side only, quoted (e.g. --migrated-args='--lr 1e-5')")
     parser.add_argument("--timeout", type=_positive(float, "--timeout"), default=3600.0,
                         help="seconds one run may take (default 3600)")
 
@@ -107,6 +108,11 @@ def _check(args: argparse.Namespace) -> Path:
     return script.resolve()
 
 
+def out_dir(args: argparse.Namespace) -> Path:
+    """``--out``, or ``compare-<script name>``."""
+    return Path(args.out or f"compare-{Path(args.legacy_script).stem}")
+
+
 def _host_has_cuda() -> bool:
     import torch
 
@@ -127,14 +133,16 @@ def _reused_legacy(args: argparse.Namespace, script: Path) -> List[Dict[str, Any
 def run_legacy(script: Path, args: argparse.Namespace, out: Path) -> List[Dict[str, Any]]:
     runs = []
     for i in range(1, args.legacy_runs + 1):
+        shutil.rmtree(out / f"legacy-{i}", ignore_errors=True)  # an earlier report's records must not mix in
         events = out / f"legacy-{i}" / "events"
-        events.mkdir(parents=True, exist_ok=True)
+        events.mkdir(parents=True)
         env = sides.side_env({"COATI_RELAY_COMPARE_EVENTS": str(events),
                               "RAY_NAMESPACE": f"compare-{uuid.uuid4().hex[:8]}"})
         run = sides.run_side(side_commands.legacy_command(script, args.script_args), env, Path.cwd(),
                              out / f"legacy-{i}" / "log.txt", lambda: len(steps.legacy_rows(events, finished=False)),
                              args.steps, args.timeout)
-        rows = steps.legacy_rows(events, finished=run.returncode is not None)[:args.steps]
+        ended = run.stopped_at is None and not run.timed_out  # else its last step may be cut short
+        rows = steps.legacy_rows(events, finished=ended)[:args.steps]
         runs.append({"run": run.to_json(), "rows": rows,
                      "summary": steps.summarize(rows, run.wall_s, run.total_peak_memory_mib)})
         logger.info("compare: legacy run %d: %d step(s) in %.0f s", i, len(rows), run.wall_s)
@@ -142,6 +150,7 @@ def run_legacy(script: Path, args: argparse.Namespace, out: Path) -> List[Dict[s
 
 
 def run_migrated(migrated: Path, args: argparse.Namespace, out: Path, budget: int) -> Dict[str, Any]:
+    shutil.rmtree(out / "migrated", ignore_errors=True)  # the engine would continue an earlier metrics file
     run_dir = out / "migrated" / "run"
     command, kwargs = side_commands.migrated_command(migrated, args.script_args, shlex.split(args.migrated_args),
                                                      run_dir, budget, Path.cwd())
@@ -185,7 +194,7 @@ def compare(args: argparse.Namespace) -> Dict[str, Any]:
     """Runs both sides and writes the report; returns the comparison (what ``compare.json`` holds)."""
     script = _check(args)
     legacy = _reused_legacy(args, script) if args.reuse_legacy else None
-    out = Path(args.out or f"compare-{script.stem}")
+    out = out_dir(args)
     out.mkdir(parents=True, exist_ok=True)
     rewritten = rewrite(script, out)
     cuda = _host_has_cuda()
@@ -219,7 +228,7 @@ def _run(args: argparse.Namespace) -> int:
     except BadInput as exc:
         print(f"coati-relay compare: {exc}", file=sys.stderr)
         return 2
-    out = Path(options.out or f"compare-{Path(options.legacy_script).stem}")
+    out = out_dir(options)
     print((out / "report.md").read_text(encoding="utf-8"))
     print(f"report: {out / 'report.md'}, {out / 'compare.json'}, {out / 'compare.png'}")
     ran = [r["run"] for r in comparison["legacy"]] + ([comparison["migrated"]["run"]] if comparison["migrated"]

@@ -7,7 +7,7 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Sequence
 
 from coati_compat.compare.verdicts import QUANTITIES
 
@@ -164,7 +164,7 @@ def render(comparison: Dict[str, Any]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def plot(comparison: Dict[str, Any], png: Path) -> Optional[Path]:
+def plot(comparison: Dict[str, Any], png: Path) -> Path:
     """Reward (left) and actor/critic loss (right) per step of every run."""
     import matplotlib
 

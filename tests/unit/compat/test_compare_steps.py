@@ -161,3 +161,20 @@ def test_a_learner_that_starts_before_another_process_made_its_experience_stays_
     write_events(tmp_path, 3, [loss(1.9, "critic"), loss(3.7, "critic")])
     rows = legacy_rows(tmp_path)
     assert [(r["samples"], round(r["reward"], 6)) for r in rows] == [(4, 0.15), (4, 0.35)]
+
+
+def test_the_legacy_side_adds_the_recording_hook_to_ray_init(tmp_path, monkeypatch):
+    from coati_compat.compare import legacy_launch
+
+    assert legacy_launch.with_setup_hook(None) == {"worker_process_setup_hook": legacy_launch.SETUP_HOOK}
+    env = legacy_launch.with_setup_hook({"env_vars": {"A": "1"}, "worker_process_setup_hook": "os.getpid"})
+    assert env["env_vars"] == {"A": "1"}
+    monkeypatch.setenv(recording.ENV, str(tmp_path))
+    calls = []
+    monkeypatch.setattr(function_recording, "install", lambda: calls.append("recording"))
+    legacy_launch.with_setup_hook({"worker_process_setup_hook": lambda: calls.append("user")})[
+        "worker_process_setup_hook"]()
+    env["worker_process_setup_hook"]()  # the script's own hook, by name, runs after the recording one
+    assert calls == ["recording", "user", "recording"]
+    monkeypatch.delenv(recording.ENV)
+    assert legacy_launch.main(["script.py"]) == 2
