@@ -80,10 +80,26 @@ def init_process_group(rank: int, world_size: int, master_addr: str, master_port
         torch.cuda.set_device(local_rank)
 
 
+_RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def ensure_single_process_group(timeout_s: float = 60) -> None:
-    """A process group of one on localhost when none exists (DDP and the plugins need one)."""
-    if not dist.is_initialized():
+    """A process group of one on localhost when none exists (DDP and the plugins need one).
+
+    The group is this process's own (a driver training in place, a test): RANK, WORLD_SIZE, MASTER_ADDR and
+    MASTER_PORT are left as they were, so that a process it starts later does not inherit a rendezvous on the port
+    this one holds (a legacy strategy there would try to listen on it)."""
+    if dist.is_initialized():
+        return
+    saved = {key: os.environ.get(key) for key in _RENDEZVOUS_ENV}
+    try:
         init_process_group(0, 1, "127.0.0.1", free_port(), timeout_s=timeout_s)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def barrier(timeout_s: float = 300) -> None:
