@@ -72,6 +72,13 @@ def _pss_bytes(root_pid: int) -> int:
     return total
 
 
+def _side_env() -> Dict[str, str]:
+    """This process's environment for a side, less a process group's rendezvous variables (a benchmark of this
+    session may have made a group of one here: a side inheriting LOCAL_RANK would take itself for a rank of it)."""
+    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, "RAY_ADDRESS": "local"}
+
+
 def run_side(side: str, model: str, steps: int, out_dir: Path) -> Dict[str, Any]:
     """Runs one side in a process of its own; returns its result file plus ``whole_run_s`` and ``peak_pss_gib``."""
     out = out_dir / f"{side}.json"
@@ -79,7 +86,7 @@ def run_side(side: str, model: str, steps: int, out_dir: Path) -> Dict[str, Any]
            "--out", str(out)]
     log = open(out_dir / f"{side}.log", "w")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RAY_ADDRESS": "local"})
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_side_env())
     peak = [0]
     done = threading.Event()
 
