@@ -22,13 +22,14 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import pytest
 from flops import generation_flops, matmul_peak_flops, model_shapes, training_flops
+
+from coati_compat.compare.process_memory import MemorySampler
 
 HERE = Path(__file__).resolve().parent
 SETTINGS = {"0.38M": dict(hidden_size=128, num_layers=2), "3.5M": dict(hidden_size=256, num_layers=6)}
@@ -54,24 +55,6 @@ def peer_models() -> Dict[str, str]:
     return {name: str(build_tiny_model(**shape)) for name, shape in SETTINGS.items()}
 
 
-def _pss_bytes(root_pid: int) -> int:
-    """The summed PSS of ``root_pid`` and its descendants (0 for processes that ended while being read)."""
-    import psutil
-
-    try:
-        procs = [psutil.Process(root_pid)]
-        procs += procs[0].children(recursive=True)
-    except psutil.NoSuchProcess:
-        return 0
-    total = 0
-    for proc in procs:
-        try:
-            total += proc.memory_full_info().pss
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
-    return total
-
-
 def _side_env() -> Dict[str, str]:
     """This process's environment for a side, less a process group's rendezvous variables (a benchmark of this
     session may have made a group of one here: a side inheriting LOCAL_RANK would take itself for a rank of it)."""
@@ -87,14 +70,7 @@ def run_side(side: str, model: str, steps: int, out_dir: Path) -> Dict[str, Any]
     log = open(out_dir / f"{side}.log", "w")
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_side_env())
-    peak = [0]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.wait(0.2):
-            peak[0] = max(peak[0], _pss_bytes(proc.pid))
-
-    sampler = threading.Thread(target=sample, daemon=True)
+    sampler = MemorySampler(proc.pid, every_s=0.2)
     sampler.start()
     try:
         code = proc.wait(timeout=RUN_TIMEOUT_S)
@@ -102,15 +78,14 @@ def run_side(side: str, model: str, steps: int, out_dir: Path) -> Dict[str, Any]
         proc.kill()
         raise
     finally:
-        done.set()
-        sampler.join()
+        sampler.stop()
         log.close()
     whole = time.perf_counter() - t0
     if code != 0:
         tail = (out_dir / f"{side}.log").read_text()[-3000:]
         raise AssertionError(f"{side} exited with {code}; the end of its log:\n{tail}")
     result = json.loads(out.read_text())
-    result.update(whole_run_s=whole, peak_pss_gib=peak[0] / 2 ** 30)
+    result.update(whole_run_s=whole, peak_pss_gib=sampler.total_peak_mib / 1024)
     return result
 
 
