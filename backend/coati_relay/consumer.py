@@ -301,7 +301,13 @@ class ConsumerWorker:
         return self._over_ranks(stats)
 
     def _logprobs(self, model, seq, attn, num_resp) -> torch.Tensor:
-        return response_logprobs(model, seq, attn, num_resp, temperature=self.cfg.sampling.temperature)
+        """[N, R] log-probs of the policy (``self.policy.model``) or the reference model; the samples of a group
+        share one forward of their prompt where the model allows (`coati_relay.prompt_sharing`)."""
+        if model is self.policy.model:
+            return response_logprobs(model, seq, attn, num_resp, temperature=self.cfg.sampling.temperature,
+                                     causal_lm=self.policy.causal_lm, share_prompts=self.policy.shares_prompts)
+        return response_logprobs(model, seq, attn, num_resp, temperature=self.cfg.sampling.temperature,
+                                 share_prompts=True)
 
     def _logprobs_chunked(self, model, seq, attn, num_resp) -> torch.Tensor:
         """`_logprobs` in forward chunks of the micro-batch size (no gradient): [N, R]."""

@@ -6,9 +6,11 @@ that no full-vocabulary float32 tensor of every response position is held beside
 from __future__ import annotations
 
 import inspect
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
+
+from coati_relay.prompt_sharing import real_positions, shared_prompt_logits
 
 # Logits per block of the log-softmax (float32: 4 MiB); a block holds whole vocabulary rows. Measured with a
 # 152k vocabulary, blocks of 2**18 to 2**21 logits keep the peak at twice the logits; 2**23 and more add a fifth.
@@ -29,7 +31,8 @@ def _logits_of(output: Any) -> torch.Tensor:
 
 
 def response_logprobs(model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor,
-                      num_response_tokens: int, temperature: float = 1.0) -> torch.Tensor:
+                      num_response_tokens: int, temperature: float = 1.0, causal_lm: Optional[bool] = None,
+                      share_prompts: bool = False) -> torch.Tensor:
     """Log-probs that ``model`` gives the last ``num_response_tokens`` tokens of ``sequences``.
 
     sequences:      LongTensor [N, S], left-padded prompt then right-padded response (``Rollout.sequences``).
@@ -40,6 +43,12 @@ def response_logprobs(model: torch.nn.Module, sequences: torch.Tensor, attention
     Position ids count real tokens only (``cumsum(mask) - 1``), as a generator does for left-padded prompts, so
     a row gets the same values whatever padding it was batched with. Gradients flow when called outside
     ``torch.no_grad``.
+
+    causal_lm: whether ``model`` takes the keyword arguments of a transformers causal LM (``logits_to_keep``,
+    ``past_key_values``); None reads it from ``model.forward``'s signature (say True for a transformers model behind
+    a wrapper whose forward takes ``**kwargs``). share_prompts: with a causal LM, adjacent rows with equal prompts
+    (the samples of a group) share one forward of their prompt (`coati_relay.prompt_sharing`); the values are those
+    of the full forward up to float rounding.
     """
     if not isinstance(sequences, torch.Tensor) or sequences.dim() != 2 or sequences.dtype != torch.long:
         raise TypeError("response_logprobs: sequences must be a LongTensor [N, S], got "
@@ -56,13 +65,17 @@ def response_logprobs(model: torch.nn.Module, sequences: torch.Tensor, attention
     if not temperature > 0:
         raise ValueError(f"response_logprobs: temperature must be > 0, got {temperature}; "
                          "greedy rollouts carry the log-probs of the temperature-1 distribution, use 1.0")
-    mask = attention_mask.long()
-    position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
-    kwargs = {"input_ids": sequences, "attention_mask": mask, "position_ids": position_ids}
-    # Only the logits that predict response tokens are needed: [N, R + 1, V] instead of [N, S, V].
-    if "logits_to_keep" in inspect.signature(model.forward).parameters:
-        kwargs["logits_to_keep"] = num_response_tokens + 1
-    logits = _logits_of(model(**kwargs))
+    if causal_lm is None:
+        causal_lm = "logits_to_keep" in inspect.signature(model.forward).parameters
+    logits = shared_prompt_logits(model, sequences, attention_mask, num_response_tokens) \
+        if causal_lm and share_prompts else None
+    if logits is None:
+        mask = attention_mask.long()
+        kwargs = {"input_ids": sequences, "attention_mask": mask, "position_ids": real_positions(mask)}
+        # Only the logits that predict response tokens are needed: [N, R + 1, V] instead of [N, S, V].
+        if causal_lm:
+            kwargs["logits_to_keep"] = num_response_tokens + 1
+        logits = _logits_of(model(**kwargs))
     return chosen_logprobs(logits, sequences[:, -num_response_tokens:], temperature)
 
 

@@ -29,6 +29,7 @@ from coati_relay.inference.rollout_building import (
     resolve_tokenizer,
     stop_token_ids,
 )
+from coati_relay.prompt_sharing import prefill_shared
 from coati_relay.rollout import Rollout
 
 logger = logging.getLogger(__name__)
@@ -124,7 +125,8 @@ class TransformersBackend:
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=fork_devices):
                 torch.manual_seed(self._seeds.next(s))
-                out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                cache = self._shared_prefill(prompt_ids, prompt_mask, n)
+                out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
                                           generation_config=self._generation_config(stop_ids))
         finally:
             self.model.train(training)
@@ -135,6 +137,15 @@ class TransformersBackend:
         lengths = torch.full((response_ids.size(0),), response_ids.size(1), dtype=torch.long)
         return build_rollout(prompt_ids, prompt_mask, n, to_host(response_ids), to_host(logprobs), lengths, stop_ids,
                              self.pad_token_id, self.weight_version, info)
+
+    def _shared_prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int):
+        """With ``n > 1`` samples per prompt, the cache of each prompt's columns but the last, computed once and
+        repeated to its ``n`` rows (`coati_relay.prompt_sharing`; ``generate`` then feeds the last column): the
+        prefill costs P instead of n * P token-forwards a prompt. None (``generate`` prefills) otherwise."""
+        if n < 2 or prompt_ids.size(1) < 2:
+            return None
+        rows = torch.arange(prompt_ids.size(0), device=self.device).repeat_interleave(n)
+        return prefill_shared(self.model, *to_device(self.device, prompt_ids, prompt_mask), rows)
 
     def load_weights(self, version: int, tensors: Dict[str, torch.Tensor]) -> None:
         """Copies the named weights (HF names, any subset) into the model and records ``version``."""

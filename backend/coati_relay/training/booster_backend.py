@@ -163,6 +163,13 @@ class TrainingBackend:
             self.booster = Booster(plugin=build_plugin(self.plugin_name, options))
             self.model, self.optimizer, _, _, self.scheduler = self.booster.boost(
                 model, optimizer, lr_scheduler=schedule)
+        # Keyword arguments of a transformers causal LM reach it through the wrappers (their forward takes
+        # **kwargs), but for hybrid's, whose sharded forward is its own. A prompt cache shared over two forwards
+        # (`coati_relay.prompt_sharing`) only under torch DDP, where the module's parameters stay in place between
+        # forwards, and without gradient checkpointing.
+        self.causal_lm = _is_transformers_model(model) and self.plugin_name != "hybrid"
+        self.shares_prompts = self.causal_lm and (self.booster is None or self.plugin_name == "ddp") \
+            and not getattr(model, "is_gradient_checkpointing", False)
         logger.info("TrainingBackend: plugin %s %s, %d trainable tensors, optimizer %s", self.plugin_name, options,
                     len(params), type(optimizer).__name__)
 
