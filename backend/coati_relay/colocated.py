@@ -1,20 +1,44 @@
-"""The colocated placement: one producer and one consumer rank in the driver's process, sharing one policy.
+"""The colocated placement: one producer and one consumer rank in the driver's process.
 
-No Ray: no cluster, actors, queue or weight store. Each round the producer part generates the round's tasks with
-the consumer's training model itself (eval mode, ``no_grad``; `TransformersBackend.around`), scores them, and the
-consumer part trains on them (`ConsumerWorker.finish_round`). The next round generates with the trained weights in
-place: nothing is published or loaded. Prompts, scoring, training, metrics and checkpoints are the same code as in
-the disaggregated run (`coati_relay.launch`), so both give the same `RunResult`.
+No Ray: no cluster, actors, queue or weight store. Each round the producer part generates the round's tasks, scores
+them, and the consumer part trains on them (`ConsumerWorker.finish_round`). Prompts, scoring, training, metrics and
+checkpoints are the same code as in the disaggregated run (`coati_relay.launch`), so both give the same `RunResult`.
+
+- transformers: generation runs on the consumer's training model itself (eval mode, ``no_grad``;
+  `TransformersBackend.around`), so the next round reads the trained weights in place: one copy of the policy,
+  nothing published or loaded.
+- vLLM: the engine runs in this process with its own copy of the weights (its layers fuse q/k/v and gate/up into
+  tensors of their own layout, so it cannot read the training model's parameters); after each round the consumer
+  hands the trained weights to it directly (`InProcessPublisher`): a copy in memory, no serialisation or transfer.
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
+
+import torch
 
 from coati_relay.run_config import RunConfig
 
 log = logging.getLogger(__name__)
+
+
+class InProcessPublisher:
+    """The consumer's publisher in a colocated run whose inference backend holds its own copy of the weights
+    (vLLM): each version goes straight to ``backend.load_weights``, in this process."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def publish(self, version: int, tensors: Optional[Dict[str, torch.Tensor]] = None,
+                adapters: Optional[Dict[str, Any]] = None) -> Dict[str, float]:
+        """Loads full weights (``tensors``, HF names) as ``version``; returns the seconds it took."""
+        if tensors is None or adapters is not None:
+            raise ValueError("InProcessPublisher.publish: a colocated run publishes full weights (tensors=) only")
+        t0 = time.perf_counter()
+        self.backend.load_weights(version, tensors)
+        return {"weight_publish_s": time.perf_counter() - t0}
 
 
 def run_colocated(cfg: RunConfig, start_round: int) -> Any:
@@ -33,6 +57,11 @@ def run_colocated(cfg: RunConfig, start_round: int) -> Any:
                            f"read round {start_round}; resume_from points at an inconsistent checkpoint")
     producer = ProducerWorker(0, cfg, queue=None, weight_store=None, start_version=start_round)
     producer.setup_colocated(policy)
+    shared = getattr(producer.backend, "shared", False)
+    if not shared:
+        consumer.publisher = InProcessPublisher(producer.backend)
+        if start_round:  # the engine loaded the initial checkpoint; the consumer resumed from a later one
+            consumer.publisher.publish(start_round, tensors=consumer.policy.state_dict_for_inference())
     setup_s = time.perf_counter() - t_start
     logger = MetricsLogger(cfg.checkpointing.run_dir, drop_after=start_round if start_round else None)
     bar = ProgressBar(cfg.total_rounds, desc=f"{cfg.core_algo} {cfg.project_name}", enabled=cfg.progress)
@@ -42,7 +71,8 @@ def run_colocated(cfg: RunConfig, start_round: int) -> Any:
     try:
         for r in range(start_round, cfg.total_rounds):
             t0 = time.perf_counter()
-            producer.backend.weight_version = r  # the policy holds round r's weights: trained in place
+            if shared:
+                producer.backend.weight_version = r  # the policy holds round r's weights: trained in place
             tasks = range(r * cfg.tasks_per_round, (r + 1) * cfg.tasks_per_round)
             made = [producer.make_rollout(task) for task in tasks]
             rollouts = [rollout for rollout, _ in made]

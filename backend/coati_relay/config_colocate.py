@@ -1,8 +1,8 @@
-"""``colocate``: the producer and the consumer in one process, generating with the training model itself.
+"""``colocate``: the producer and the consumer in one process (`coati_relay.colocated`).
 
 What a colocated run cannot serve is refused here, in the driver, with the setting to change: it has one process
-holding one producer and one consumer rank, generates with the policy being trained (so from the same checkpoint,
-in its dtype, with the trained weights of the current round), and has no weights to send anywhere.
+holding one producer and one consumer rank, generates with the policy being trained (so from the same checkpoint;
+with transformers, the training model itself, in its dtype), and has no weights to send to another process.
 """
 from __future__ import annotations
 
@@ -25,10 +25,6 @@ def check_colocate(errors: List[str], colocate: Any, roles: Roles, models: Model
         errors.append(f"colocate=True runs one producer and one consumer in one process; more ranks are not "
                       f"implemented yet (got num_producers={roles.num_producers}, num_consumer_procs="
                       f"{roles.num_consumers}): set both to 1, {fix}")
-    if roles.inference_backend != "transformers":
-        errors.append(f"colocate=True generates with the training model through transformers; inference_backend="
-                      f"{roles.inference_backend!r} is not implemented colocated yet: use inference_backend="
-                      f"'transformers', {fix}")
     if roles.weight_sync != "object_store":
         errors.append(f"weight_sync={roles.weight_sync!r} sends weights to producer processes, which a colocated "
                       f"run has none of (generation reads the trained weights in place): leave weight_sync at "
@@ -44,14 +40,15 @@ def check_colocate(errors: List[str], colocate: Any, roles: Roles, models: Model
         errors.append(f"colocate=True generates with the model being trained, so inference_model_config['path'] "
                       f"({models.model_path}) must be train_model_config['path'] ({models.train_path}): give one "
                       f"path, {fix}")
-    if models.inference_model_kwargs:
-        errors.append(f"colocate=True generates with the training model itself (its device and dtype), so "
-                      f"inference_model_config takes only 'path'; got {sorted(models.inference_model_kwargs)}: drop "
+    if models.inference_model_kwargs and roles.inference_backend == "transformers":
+        errors.append(f"colocate=True with inference_backend 'transformers' generates with the training model itself "
+                      f"(its device and dtype), so inference_model_config takes only 'path'; got {sorted(models.inference_model_kwargs)}: drop "
                       f"them, {fix}")
     if models.lora:
         errors.append(f"colocate=True with train_model_config['lora'] is not implemented yet: train the full model, "
                       f"{fix}")
-    if plugin.name == "gemini":
+    if plugin.name == "gemini" and roles.inference_backend == "transformers":
         errors.append(f"plugin 'gemini' keeps the policy's parameters in its own chunks, which generation cannot "
-                      f"read in place: use plugin 'ddp' or 'zero2' with colocate=True, {fix}")
+                      f"read in place: use plugin 'ddp' or 'zero2' with colocate=True and inference_backend "
+                      f"'transformers', {fix}")
     return True

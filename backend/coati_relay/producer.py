@@ -68,14 +68,23 @@ class ProducerWorker:
                 "backend": cfg.roles.inference_backend}
 
     def setup_colocated(self, policy: torch.nn.Module) -> None:
-        """Set-up in a colocated run: generates with ``policy`` (the consumer's unwrapped training model) in place,
-        so there is no weight subscriber; the caller sets ``backend.weight_version`` as the policy trains."""
-        from coati_relay.inference.transformers_backend import TransformersBackend
-
+        """Set-up in a colocated run, without a weight subscriber. transformers: generates with ``policy`` (the
+        consumer's unwrapped training model) in place, and the caller sets ``backend.weight_version`` as the policy
+        trains; vLLM: an engine in this process with its own copy of the checkpoint, which the caller loads each
+        trained version into (`coati_relay.colocated.InProcessPublisher`)."""
         cfg = self.cfg
         self._load_prompts()
-        self.backend = TransformersBackend.around(policy, cfg.models.model_path, cfg.sampling,
-                                                  tokenizer=self.tokenizer, seed=cfg.seed + self.index)
+        if cfg.roles.inference_backend == "transformers":
+            from coati_relay.inference.transformers_backend import TransformersBackend
+
+            self.backend = TransformersBackend.around(policy, cfg.models.model_path, cfg.sampling,
+                                                      tokenizer=self.tokenizer, seed=cfg.seed + self.index)
+        else:
+            from coati_relay.inference import build_inference_backend
+
+            self.backend = build_inference_backend(cfg.roles.inference_backend, cfg.models.model_path, cfg.sampling,
+                                                   tokenizer=self.tokenizer, seed=cfg.seed + self.index,
+                                                   **cfg.models.inference_model_kwargs)
         self.backend.weight_version = self.start_version
         self._load_scoring()
 

@@ -41,7 +41,6 @@ def test_colocate_is_off_by_default_and_on_when_asked(files):
           train_minibatch_size=4), r"more ranks are not implemented yet.*num_producers=2"),
     (dict(num_consumer_procs=2, inference_microbatch_size=2, train_batch_size=2, train_minibatch_size=2),
      r"num_consumer_procs=2"),
-    (dict(inference_backend="vllm"), r"inference_backend='vllm' is not implemented colocated"),
     (dict(weight_sync="collective"), r"weight_sync='collective'.*colocate=False"),
     (dict(n_behind=1), r"n_behind=1.*on-policy"),
     (dict(on_producer_failure="continue"), r"on_producer_failure='continue'"),
@@ -56,6 +55,14 @@ def test_refusals_name_the_setting_and_the_fix(files, over, match):
         kw["train_model_config"] = {"path": files["model"], **over["train_model_config"]}
     with pytest.raises(ConfigError, match=match):
         build_run_config(**kw)
+
+
+def test_vllm_is_accepted_with_its_engine_settings(files):
+    """A colocated vLLM engine holds its own copy of the weights, so it takes its engine settings (dtype, ...)."""
+    cfg = build_run_config(**kwargs(files, inference_backend="vllm",
+                                    inference_model_config={"path": files["model"], "dtype": "float32"}))
+    assert cfg.roles.colocate and cfg.roles.inference_backend == "vllm"
+    assert cfg.models.inference_model_kwargs == {"dtype": "float32"}
 
 
 def test_a_different_inference_model_is_refused(files):
