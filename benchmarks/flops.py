@@ -2,14 +2,15 @@
 
 Counts are multiply-adds x 2 of the matmuls (projections, MLP, LM head, attention scores and values); norms,
 activations and softmax are left out. Training a token costs three forwards (forward, and a backward of twice the
-forward).
+forward). Where the samples of a prompt share its forward (`coati_relay.prompt_sharing`, in the transformers
+backend's prefill and in the consumer's training forward), the prompt's tokens are counted once per prompt.
 """
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional
 
 
 def model_shapes(model_dir: str) -> Dict[str, int]:
@@ -32,17 +33,26 @@ def forward_flops_per_token(s: Dict[str, int], context: float) -> float:
     return 2.0 * (s["layers"] * (proj + mlp + attention) + s["hidden"] * s["vocab"])
 
 
-def generation_flops(s: Dict[str, int], samples: int, prompt_len: int, new_tokens: float) -> float:
-    """Prefill of ``samples`` prompts of ``prompt_len`` tokens, then ``new_tokens`` sampled tokens per sample
-    (a mean, may be fractional), each attending to everything before it (with a KV cache)."""
-    prefill = samples * prompt_len * forward_flops_per_token(s, (prompt_len + 1) / 2)
+def generation_flops(s: Dict[str, int], samples: int, prompt_len: int, new_tokens: float,
+                     prompts: Optional[int] = None) -> float:
+    """Prefill of the prompts of ``prompt_len`` tokens, then ``new_tokens`` sampled tokens per sample (a mean, may be
+    fractional), each attending to everything before it (with a KV cache). ``prompts``: how many distinct prompts
+    are prefilled, their samples sharing the cache (None: every sample prefills its own)."""
+    prefill = (samples if prompts is None else prompts) * prompt_len * forward_flops_per_token(s, (prompt_len + 1) / 2)
     decode = samples * new_tokens * forward_flops_per_token(s, prompt_len + (new_tokens + 1) / 2)
     return prefill + decode
 
 
-def training_flops(s: Dict[str, int], samples: int, seq_len: float) -> float:
-    """Forward and backward of the policy over ``samples`` causal sequences of ``seq_len`` tokens."""
-    return 3.0 * samples * seq_len * forward_flops_per_token(s, (seq_len + 1) / 2)
+def training_flops(s: Dict[str, int], samples: int, prompt_len: int, new_tokens: float,
+                   prompts: Optional[int] = None) -> float:
+    """Forward and backward of the policy over ``samples`` causal sequences of a prompt and ``new_tokens`` response
+    tokens. ``prompts``: as in `generation_flops` (the samples of a prompt share its forward and backward)."""
+    if prompts is None:
+        seq_len = prompt_len + new_tokens
+        return 3.0 * samples * seq_len * forward_flops_per_token(s, (seq_len + 1) / 2)
+    prompt = prompts * prompt_len * forward_flops_per_token(s, (prompt_len + 1) / 2)
+    response = samples * new_tokens * forward_flops_per_token(s, prompt_len + (new_tokens + 1) / 2)
+    return 3.0 * (prompt + response)
 
 
 def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:

@@ -3,11 +3,11 @@
     python benchmarks/peer_grpo.py {trl|engine} --model DIR --steps N --out RESULT.json [--backend vllm|transformers]
         [--colocate]
 
-Both sides do the same GRPO work: the toy prompts (`coati_relay.toy`, chat template applied), ``PROMPTS_PER_STEP``
-prompts x ``GENERATIONS`` samples of at most ``NEW_TOKENS`` tokens per step, the ``toy_letter`` reward, AdamW at
-``LR`` with weight decay 0.01, a constant schedule, no gradient clipping, sample-level loss, ``beta = 0``, one
-optimizer step per generation round. The result file holds, per step, the wall time, the time spent generating,
-the mean reward and the number of sampled tokens, plus the whole run's time from process start.
+Both sides do the same GRPO work: the toy prompts (`coati_relay.toy`, numbered, chat template applied),
+``PROMPTS_PER_STEP`` prompts x ``GENERATIONS`` samples of at most ``NEW_TOKENS`` tokens per step, the ``toy_letter``
+reward, AdamW at ``LR`` with weight decay 0.01, a constant schedule, no gradient clipping, sample-level loss,
+``beta = 0``, one optimizer step per generation round. The result file holds, per step, the wall time, the time spent
+generating, the mean reward and the number of sampled tokens, plus the whole run's time from process start.
 """
 from __future__ import annotations
 
@@ -27,9 +27,15 @@ SEED = 0
 
 
 def _prompts(path: Path, steps: int) -> Path:
+    """The toy prompts, numbered so that no two are equal: the toy task has one prompt text, and equal prompts in
+    one step would let the engine's prompt sharing compute a single prompt where real data has one per group."""
     from coati_relay.toy import write_toy_dataset
 
-    return write_toy_dataset(path, num_prompts=PROMPTS_PER_STEP * steps)
+    rows = [json.loads(line) for line in open(write_toy_dataset(path, num_prompts=PROMPTS_PER_STEP * steps))]
+    for i, row in enumerate(rows):
+        row["messages"]["content"] += f" {i}"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
 
 
 def run_trl(model: str, steps: int, work_dir: Path) -> Dict[str, Any]:
@@ -105,7 +111,7 @@ def run_engine(model: str, steps: int, work_dir: Path, backend: str, colocate: b
             train_batch_size=PROMPTS_PER_STEP, train_minibatch_size=PROMPTS_PER_STEP,
             train_dataset_config={"path": str(_prompts(work_dir / "prompts.jsonl", steps)), "max_length": 64},
             inference_model_config={"path": model}, train_model_config={"path": model},
-            generate_config={"max_new_tokens": NEW_TOKENS, "temperature": 1.0, "top_p": 1.0, "seed": SEED},
+            generate_config={"max_new_tokens": NEW_TOKENS, "temperature": 1.0, "top_p": 1.0}, seed=SEED,
             grpo_config={"lr": LR, "beta": 0.0, "weight_decay": 0.01, "reward_fn_type": "toy_letter",
                          "train_microbatch_size": PROMPTS_PER_STEP * GENERATIONS},
             plugin_config={"plugin": "ddp"}, inference_backend=backend, num_generations=GENERATIONS,

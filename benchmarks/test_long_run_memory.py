@@ -74,7 +74,7 @@ def test_actor_memory_over_a_long_run(benchmark, work, ray_session, tiny_model_p
         inference_batch_size=4, inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
         train_dataset_config={"path": str(data), "max_length": 32},
         inference_model_config={"path": tiny_model_path}, train_model_config={"path": tiny_model_path},
-        generate_config={"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0, "seed": 0},
+        generate_config={"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0}, seed=0,
         grpo_config={"lr": 5e-3, "beta": 0.0, "reward_fn_type": "toy_letter"}, plugin_config={"plugin": "ddp"},
         inference_backend="vllm", num_generations=4, core_algo="GRPO", run_dir=str(run_dir), save_interval=10 ** 6,
         progress=False, timeout_s=120, project_name="memory")

@@ -7,7 +7,8 @@ and the peak memory is the largest sum of the proportional set sizes (PSS) of th
 Qwen2 (hidden 128, 2 layers, 0.38M parameters) and a small one (hidden 256, 6 layers, 3.5M parameters).
 
 Sides: TRL, the engine disaggregated (Ray actors) with a vLLM or a transformers producer, and the engine colocated
-(``colocate=True``: one process, generating with the training model itself).
+(``colocate=True``: one process), generating with the training model itself (transformers) or with an in-process vLLM
+engine loaded after every step.
 
 Figures per side (medians over the timed rounds; a round is one whole run): steady s/step (the steps after the
 first), samples/s, whole-run time, peak PSS, the reward curve and the first step whose reward reached 0.9, the FLOPs
@@ -36,7 +37,11 @@ SETTINGS = {"0.38M": dict(hidden_size=128, num_layers=2), "3.5M": dict(hidden_si
 # side -> peer_grpo.py arguments
 SIDES = {"trl": ["trl"], "engine-vllm": ["engine", "--backend", "vllm"],
          "engine-transformers": ["engine", "--backend", "transformers"],
-         "engine-colocated": ["engine", "--backend", "transformers", "--colocate"]}
+         "engine-colocated": ["engine", "--backend", "transformers", "--colocate"],
+         "engine-colocated-vllm": ["engine", "--backend", "vllm", "--colocate"]}
+# The sides whose prompts are prefilled and trained once per prompt (`coati_relay.prompt_sharing`).
+SHARING_SIDES = {"engine-transformers", "engine-colocated"}
+PROMPTS_PER_STEP = 8  # peer_grpo.PROMPTS_PER_STEP
 SAMPLES_PER_STEP = 64  # peer_grpo.PROMPTS_PER_STEP * peer_grpo.GENERATIONS
 MAX_NEW_TOKENS = 12
 STEPS_TIMED, ROUNDS_TIMED, STEPS_SMOKE = 20, 3, 2
@@ -93,15 +98,19 @@ def _first_step_at(rewards: List[float], level: float = 0.9) -> Optional[int]:
     return next((i + 1 for i, r in enumerate(rewards) if r >= level), None)
 
 
-def _figures(runs: List[Dict[str, Any]], model: str, peak: float) -> Dict[str, Any]:
-    """Medians over the rounds of one side, FLOPs per step, and achieved FLOP/s against ``peak``."""
+def _figures(runs: List[Dict[str, Any]], model: str, peak: float, shares_prompts: bool) -> Dict[str, Any]:
+    """Medians over the rounds of one side, FLOPs per step, and achieved FLOP/s against ``peak``.
+
+    ``gflop_generation``/``gflop_training``: the step's work as TRL does it (every sample prefills and trains its
+    prompt), the same on every side; ``gflop_executed``: what this side computes (``shares_prompts``: each prompt
+    once), from which the achieved FLOP/s are taken."""
     from transformers import AutoTokenizer
 
     from coati_relay.toy import toy_prompt_text
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": toy_prompt_text("a")}],
-                                           add_generation_prompt=True, tokenize=False)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": toy_prompt_text("a") + " 10"}],
+                                           add_generation_prompt=True, tokenize=False)  # as peer_grpo numbers them
     prompt_len = len(tokenizer(prompt)["input_ids"])
     shapes = model_shapes(model)
     per_run = []
@@ -110,14 +119,18 @@ def _figures(runs: List[Dict[str, Any]], model: str, peak: float) -> Dict[str, A
         steady = steps[1:] or steps
         new_tokens = statistics.mean(s["tokens"] for s in steps) / SAMPLES_PER_STEP
         gen = generation_flops(shapes, SAMPLES_PER_STEP, prompt_len, new_tokens)
-        train = training_flops(shapes, SAMPLES_PER_STEP, prompt_len + new_tokens)
+        train = training_flops(shapes, SAMPLES_PER_STEP, prompt_len, new_tokens)
+        prompts = PROMPTS_PER_STEP if shares_prompts else None
+        gen_done = generation_flops(shapes, SAMPLES_PER_STEP, prompt_len, new_tokens, prompts)
+        done = gen_done + training_flops(shapes, SAMPLES_PER_STEP, prompt_len, new_tokens, prompts)
         s_step = statistics.median(s["step_s"] for s in steady)
         s_gen = statistics.median(s["generate_s"] for s in steady)
         per_run.append({"s_per_step": s_step, "generate_s_per_step": s_gen,
                         "samples_per_s": SAMPLES_PER_STEP / s_step, "whole_run_s": run["whole_run_s"],
                         "peak_pss_gib": run["peak_pss_gib"], "gflop_generation": gen / 1e9,
-                        "gflop_training": train / 1e9, "gflop_per_s": (gen + train) / s_step / 1e9,
-                        "generation_gflop_per_s": gen / max(s_gen, 1e-9) / 1e9})
+                        "gflop_training": train / 1e9, "gflop_executed": done / 1e9,
+                        "gflop_per_s": done / s_step / 1e9,
+                        "generation_gflop_per_s": gen_done / max(s_gen, 1e-9) / 1e9})
     out = {key: statistics.median(r[key] for r in per_run) for key in per_run[0]}
     out["fraction_of_matmul_peak"] = out["gflop_per_s"] * 1e9 / peak
     out["matmul_peak_gflop_per_s"] = peak / 1e9
@@ -150,4 +163,4 @@ def test_grpo_vs_trl(benchmark, figures, tmp_path, peer_models, peak_flops, sett
             assert 0.0 <= step["reward"] <= 1.0, step
         assert run["params"]["checked"] and run["params"]["finite"], run["params"]
         assert run["params"]["moved"] == run["params"]["tensors"] > 0, run["params"]
-    figures.update(_figures(runs, model, peak_flops))
+    figures.update(_figures(runs, model, peak_flops, side in SHARING_SIDES))

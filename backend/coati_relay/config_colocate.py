@@ -42,8 +42,8 @@ def check_colocate(errors: List[str], colocate: Any, roles: Roles, models: Model
                       f"path, {fix}")
     if models.inference_model_kwargs and roles.inference_backend == "transformers":
         errors.append(f"colocate=True with inference_backend 'transformers' generates with the training model itself "
-                      f"(its device and dtype), so inference_model_config takes only 'path'; got {sorted(models.inference_model_kwargs)}: drop "
-                      f"them, {fix}")
+                      f"(its device and dtype), so inference_model_config takes only 'path'; got "
+                      f"{sorted(models.inference_model_kwargs)}: drop them, {fix}")
     if models.lora:
         errors.append(f"colocate=True with train_model_config['lora'] is not implemented yet: train the full model, "
                       f"{fix}")

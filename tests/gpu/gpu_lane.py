@@ -70,7 +70,7 @@ def run_kwargs(model: str, data: str, run_dir: Path, algo: str, backend: str, **
         inference_batch_size=4, inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
         train_dataset_config={"path": str(data), "max_length": 32},
         inference_model_config={"path": model, **engine}, train_model_config={"path": model},
-        generate_config={"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0, "seed": 0},
+        generate_config={"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0}, seed=0,
         grpo_config={"lr": 1e-3, "critic_lr": 1e-3, "reward_fn_type": "toy_letter"},
         plugin_config={"plugin": "zero2"}, inference_backend=backend, num_generations=4, core_algo=algo,
         run_dir=str(run_dir), save_interval=1000, progress=False, timeout_s=300,

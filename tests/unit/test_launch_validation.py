@@ -330,6 +330,17 @@ def test_colossalchat_keys_without_effect_warn_once(files, caplog):
         assert sum(key in line and "no effect here" in line for line in lines) == 1, (key, lines)
 
 
+def test_a_fixed_sampling_seed_warns_that_rounds_draw_the_same_numbers(files, caplog):
+    with caplog.at_level("WARNING", logger="coati_relay.config_sampling"):
+        build_run_config(**good(files, seed=3))
+        assert not caplog.records
+        cfg = build_run_config(**good(files, generate_config={"max_new_tokens": 8, "seed": 3}))
+    assert cfg.sampling.seed == 3
+    (record,) = caplog.records
+    assert "every generate call draws the same random numbers" in record.getMessage()
+    assert "launch_distributed(seed=...)" in record.getMessage()
+
+
 def test_algorithm_defaults_come_from_the_estimator_spec(files):
     dapo = build_run_config(**good(files, core_algo="DAPO")).algo
     assert (dapo.beta, dapo.loss_variation, dapo.clip_eps_high, dapo.filter_truncated_response) == (
