@@ -39,8 +39,10 @@ SIDES = {"trl": ["trl"], "engine-vllm": ["engine", "--backend", "vllm"],
          "engine-transformers": ["engine", "--backend", "transformers"],
          "engine-colocated": ["engine", "--backend", "transformers", "--colocate"],
          "engine-colocated-vllm": ["engine", "--backend", "vllm", "--colocate"]}
-# The sides whose prompts are prefilled and trained once per prompt (`coati_relay.prompt_sharing`).
-SHARING_SIDES = {"engine-transformers", "engine-colocated"}
+# Where a side computes each prompt once for its samples (`coati_relay.prompt_sharing`): the engine's consumer in
+# training, the transformers backend in its prefill.
+TRAINING_SHARES = {"engine-vllm", "engine-transformers", "engine-colocated", "engine-colocated-vllm"}
+PREFILL_SHARES = {"engine-transformers", "engine-colocated"}
 PROMPTS_PER_STEP = 8  # peer_grpo.PROMPTS_PER_STEP
 SAMPLES_PER_STEP = 64  # peer_grpo.PROMPTS_PER_STEP * peer_grpo.GENERATIONS
 MAX_NEW_TOKENS = 12
@@ -98,12 +100,12 @@ def _first_step_at(rewards: List[float], level: float = 0.9) -> Optional[int]:
     return next((i + 1 for i, r in enumerate(rewards) if r >= level), None)
 
 
-def _figures(runs: List[Dict[str, Any]], model: str, peak: float, shares_prompts: bool) -> Dict[str, Any]:
+def _figures(runs: List[Dict[str, Any]], model: str, peak: float, side: str) -> Dict[str, Any]:
     """Medians over the rounds of one side, FLOPs per step, and achieved FLOP/s against ``peak``.
 
     ``gflop_generation``/``gflop_training``: the step's work as TRL does it (every sample prefills and trains its
-    prompt), the same on every side; ``gflop_executed``: what this side computes (``shares_prompts``: each prompt
-    once), from which the achieved FLOP/s are taken."""
+    prompt), the same on every side; ``gflop_executed``: what this side computes (each prompt once where it shares
+    them), from which the achieved FLOP/s are taken."""
     from transformers import AutoTokenizer
 
     from coati_relay.toy import toy_prompt_text
@@ -120,9 +122,10 @@ def _figures(runs: List[Dict[str, Any]], model: str, peak: float, shares_prompts
         new_tokens = statistics.mean(s["tokens"] for s in steps) / SAMPLES_PER_STEP
         gen = generation_flops(shapes, SAMPLES_PER_STEP, prompt_len, new_tokens)
         train = training_flops(shapes, SAMPLES_PER_STEP, prompt_len, new_tokens)
-        prompts = PROMPTS_PER_STEP if shares_prompts else None
-        gen_done = generation_flops(shapes, SAMPLES_PER_STEP, prompt_len, new_tokens, prompts)
-        done = gen_done + training_flops(shapes, SAMPLES_PER_STEP, prompt_len, new_tokens, prompts)
+        gen_done = generation_flops(shapes, SAMPLES_PER_STEP, prompt_len, new_tokens,
+                                    PROMPTS_PER_STEP if side in PREFILL_SHARES else None)
+        done = gen_done + training_flops(shapes, SAMPLES_PER_STEP, prompt_len, new_tokens,
+                                         PROMPTS_PER_STEP if side in TRAINING_SHARES else None)
         s_step = statistics.median(s["step_s"] for s in steady)
         s_gen = statistics.median(s["generate_s"] for s in steady)
         per_run.append({"s_per_step": s_step, "generate_s_per_step": s_gen,
@@ -163,4 +166,4 @@ def test_grpo_vs_trl(benchmark, figures, tmp_path, peer_models, peak_flops, sett
             assert 0.0 <= step["reward"] <= 1.0, step
         assert run["params"]["checked"] and run["params"]["finite"], run["params"]
         assert run["params"]["moved"] == run["params"]["tensors"] > 0, run["params"]
-    figures.update(_figures(runs, model, peak_flops, side in SHARING_SIDES))
+    figures.update(_figures(runs, model, peak_flops, side))
