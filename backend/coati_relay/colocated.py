@@ -7,9 +7,10 @@ checkpoints are the same code as in the disaggregated run (`coati_relay.launch`)
 - transformers: generation runs on the consumer's training model itself (eval mode, ``no_grad``;
   `TransformersBackend.around`), so the next round reads the trained weights in place: one copy of the policy,
   nothing published or loaded.
-- vLLM: the engine runs in this process with its own copy of the weights (its layers fuse q/k/v and gate/up into
-  tensors of their own layout, so it cannot read the training model's parameters); after each round the consumer
-  hands the trained weights to it directly (`InProcessPublisher`): a copy in memory, no serialisation or transfer.
+- vLLM: the engine runs in this process with its own copy of the weights (its layers fuse q/k/v and gate/up, and
+  on the CPU it packs each linear weight into its GEMM kernel's layout after loading, so it cannot read the training
+  model's parameters); after each round the consumer hands the trained weights to it directly
+  (`InProcessPublisher`): a copy in memory and the engine's reload, no serialisation or transfer.
 """
 from __future__ import annotations
 
