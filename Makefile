@@ -18,7 +18,7 @@ demo: setup
 	$(VENV)/bin/coati-relay demo
 
 test: setup
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --durations=15
 	$(PY) -m pytest benchmarks -q --benchmark-disable  # each benchmark once: both sides still do the same work
 
 test-fast: setup

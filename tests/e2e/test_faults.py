@@ -125,12 +125,14 @@ def test_ctrl_c_stops_every_actor_and_a_second_run_starts(ray_cluster, tiny_mode
         while logged_steps(tmp_path / "interrupted") < 2 and driver.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert run_actors(ray_cluster), "the run's actors were up before the interrupt"
+        interrupted_after = logged_steps(tmp_path / "interrupted")
         driver.send_signal(signal.SIGINT)
         t0 = time.monotonic()
         _, stderr = driver.communicate(timeout=60)
     finally:
         driver.kill()
-    assert "KeyboardInterrupt" in stderr and "interrupted: stopping the run's 4 actors" in stderr, stderr[-2000:]
+    assert "KeyboardInterrupt" in stderr and "interrupted: stopping the run's 4 actors" in stderr, \
+        f"exit {driver.returncode} ({interrupted_after} steps logged at the interrupt); stderr:\n{stderr[-2000:]}"
     while run_actors(ray_cluster) and time.monotonic() - t0 < FAULT_TO_ERROR_S:
         time.sleep(0.2)
     assert not run_actors(ray_cluster), f"actors left {time.monotonic() - t0:.1f}s after Ctrl-C"
