@@ -3,8 +3,13 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 
 import pytest
+
+# A suite started in the background by a non-interactive shell inherits SIGINT ignored, and so would every process it
+# starts (the Ctrl-C test's driver, the Ray nodes a test removes): Python's own handler makes them interruptible again.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -15,6 +15,7 @@ checkpoints are the same code as in the disaggregated run (`coati_relay.launch`)
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any, Dict, List, Optional
 
@@ -43,7 +44,19 @@ class InProcessPublisher:
 
 
 def run_colocated(cfg: RunConfig, start_round: int) -> Any:
-    """Trains rounds ``start_round`` .. ``cfg.total_rounds - 1``; returns the run's `RunResult`."""
+    """Trains rounds ``start_round`` .. ``cfg.total_rounds - 1``; returns the run's `RunResult`.
+
+    Leaves ``os.environ`` as it found it: an engine in this process sets variables (vLLM: ``LD_PRELOAD``,
+    ``LOCAL_RANK``, ``RAY_CLIENT_MODE``, inductor settings, ...) that processes started afterwards would inherit."""
+    saved = dict(os.environ)
+    try:
+        return _run(cfg, start_round)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _run(cfg: RunConfig, start_round: int) -> Any:
     from coati_relay.consumer import ConsumerWorker
     from coati_relay.launch import RunResult
     from coati_relay.metrics import MetricsLogger, ProgressBar, run_summary

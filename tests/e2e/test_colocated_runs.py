@@ -3,6 +3,7 @@ disaggregated gives the same numbers."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,9 @@ def test_colocated_vllm_loads_each_trained_version_in_process(tiny_model_path, d
     from coati_relay import launch_distributed
 
     kw = colocated_kwargs(tiny_model_path, data, tmp_path / "vllm", colocate=True)
+    environment = dict(os.environ)
     result = launch_distributed(**{**kw, "inference_backend": "vllm"})
+    assert dict(os.environ) == environment, "the engine's variables (LD_PRELOAD, ...) were left for later processes"
     assert result.nodes == {}, "no Ray nodes: the run stays in this process"
     assert [h["version"] for h in result.history] == list(range(1, 13))
     assert all(h["rollout_version_min"] == h["version"] - 1 for h in result.history), "on-policy"
