@@ -15,6 +15,7 @@ from pathlib import Path
 from run_helpers import AfterSteps, rose, run_kwargs  # noqa: I001 (this folder is on sys.path)
 
 PINS = {"producer": {"gen": 1}, "consumer": {"train": 1}}
+REMOVAL_ROUNDS = 24
 
 
 class DeathLog(logging.Handler):
@@ -88,7 +89,8 @@ def run_all(cluster, nodes, model: str, data: str, run_dir: str, report_path: st
     logging.getLogger("coati_relay.launch").addHandler(deaths)
     removal = AfterSteps(Path(run_dir) / "removed", 2, remove_producer_1_node)
     removal.start()
-    result = run_on(model, data, Path(run_dir) / "removed", on_producer_failure="continue")
+    # Rounds enough that the loss lands mid-run on a fast host: with 10 the run once ended before the node went.
+    result = run_on(model, data, Path(run_dir) / "removed", on_producer_failure="continue", rounds=REMOVAL_ROUNDS)
     report["node_removed"] = summary(result, nodes)
     report["node_removed"]["removal_to_recovery_s"] = (None if not removed_at or deaths.died_at is None
                                                       else deaths.died_at - removed_at[0])
