@@ -26,6 +26,11 @@ LR = 5e-3
 SEED = 0
 
 
+def numbered_prompt(text: str, i: int) -> str:
+    """Prompt ``i`` of a run: the toy text and its number."""
+    return f"{text} {i}"
+
+
 def _prompts(path: Path, steps: int) -> Path:
     """The toy prompts, numbered so that no two are equal: the toy task has one prompt text, and equal prompts in
     one step would let the engine's prompt sharing compute a single prompt where real data has one per group."""
@@ -33,7 +38,7 @@ def _prompts(path: Path, steps: int) -> Path:
 
     rows = [json.loads(line) for line in open(write_toy_dataset(path, num_prompts=PROMPTS_PER_STEP * steps))]
     for i, row in enumerate(rows):
-        row["messages"]["content"] += f" {i}"
+        row["messages"]["content"] = numbered_prompt(row["messages"]["content"], i)
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
 

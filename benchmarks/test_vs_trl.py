@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 from flops import generation_flops, matmul_peak_flops, model_shapes, training_flops
+from peer_grpo import GENERATIONS, NEW_TOKENS, PROMPTS_PER_STEP, numbered_prompt
 
 from coati_compat.compare.process_memory import MemorySampler
 
@@ -43,9 +44,7 @@ SIDES = {"trl": ["trl"], "engine-vllm": ["engine", "--backend", "vllm"],
 # training, the transformers backend in its prefill.
 TRAINING_SHARES = {"engine-vllm", "engine-transformers", "engine-colocated", "engine-colocated-vllm"}
 PREFILL_SHARES = {"engine-transformers", "engine-colocated"}
-PROMPTS_PER_STEP = 8  # peer_grpo.PROMPTS_PER_STEP
-SAMPLES_PER_STEP = 64  # peer_grpo.PROMPTS_PER_STEP * peer_grpo.GENERATIONS
-MAX_NEW_TOKENS = 12
+SAMPLES_PER_STEP = PROMPTS_PER_STEP * GENERATIONS
 STEPS_TIMED, ROUNDS_TIMED, STEPS_SMOKE = 20, 3, 2
 RUN_TIMEOUT_S = 900
 
@@ -65,7 +64,9 @@ def peer_models() -> Dict[str, str]:
 def _side_env() -> Dict[str, str]:
     """This process's environment for a side, less a process group's rendezvous variables (a benchmark of this
     session may have made a group of one here: a side inheriting LOCAL_RANK would take itself for a rank of it)."""
-    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    from coati_relay.training.distributed import RENDEZVOUS_ENV
+
+    drop = (*RENDEZVOUS_ENV, "LOCAL_RANK")
     return {**{k: v for k, v in os.environ.items() if k not in drop}, "RAY_ADDRESS": "local"}
 
 
@@ -111,8 +112,8 @@ def _figures(runs: List[Dict[str, Any]], model: str, peak: float, side: str) -> 
     from coati_relay.toy import toy_prompt_text
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": toy_prompt_text("a") + " 10"}],
-                                           add_generation_prompt=True, tokenize=False)  # as peer_grpo numbers them
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": numbered_prompt(toy_prompt_text("a"), 10)}],
+                                           add_generation_prompt=True, tokenize=False)
     prompt_len = len(tokenizer(prompt)["input_ids"])
     shapes = model_shapes(model)
     per_run = []
@@ -162,7 +163,7 @@ def test_grpo_vs_trl(benchmark, figures, tmp_path, peer_models, peak_flops, sett
     for run in runs:  # the same work on every side: steps, samples, bounded tokens, a trained, finite policy
         assert len(run["steps"]) == steps, run["steps"]
         for step in run["steps"]:
-            assert 0 < step["tokens"] <= SAMPLES_PER_STEP * MAX_NEW_TOKENS, step
+            assert 0 < step["tokens"] <= SAMPLES_PER_STEP * NEW_TOKENS, step
             assert 0.0 <= step["reward"] <= 1.0, step
         assert run["params"]["checked"] and run["params"]["finite"], run["params"]
         assert run["params"]["moved"] == run["params"]["tensors"] > 0, run["params"]

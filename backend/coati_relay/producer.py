@@ -40,15 +40,12 @@ class ProducerWorker:
 
     # -- set-up ----------------------------------------------------------------------------------------------
     def setup(self, weight_addr: str = "", weight_port: int = 0) -> Dict[str, Any]:
-        from coati_relay.inference import build_inference_backend
         from coati_relay.weight_sync import WeightSubscriber
 
         cfg = self.cfg
         t0 = time.perf_counter()
         self._load_prompts()
-        self.backend = build_inference_backend(cfg.roles.inference_backend, cfg.models.model_path, cfg.sampling,
-                                               tokenizer=self.tokenizer, seed=cfg.seed + self.index,
-                                               **cfg.models.inference_model_kwargs)
+        self.backend = self._build_backend()
         self._load_scoring()
         base = None
         if cfg.models.lora:
@@ -80,13 +77,18 @@ class ProducerWorker:
             self.backend = TransformersBackend.around(policy, cfg.models.model_path, cfg.sampling,
                                                       tokenizer=self.tokenizer, seed=cfg.seed + self.index)
         else:
-            from coati_relay.inference import build_inference_backend
-
-            self.backend = build_inference_backend(cfg.roles.inference_backend, cfg.models.model_path, cfg.sampling,
-                                                   tokenizer=self.tokenizer, seed=cfg.seed + self.index,
-                                                   **cfg.models.inference_model_kwargs)
+            self.backend = self._build_backend()
         self.backend.weight_version = self.start_version
         self._load_scoring()
+
+    def _build_backend(self):
+        """The configured inference backend with its own copy of the checkpoint."""
+        from coati_relay.inference import build_inference_backend
+
+        cfg = self.cfg
+        return build_inference_backend(cfg.roles.inference_backend, cfg.models.model_path, cfg.sampling,
+                                       tokenizer=self.tokenizer, seed=cfg.seed + self.index,
+                                       **cfg.models.inference_model_kwargs)
 
     def _load_prompts(self) -> None:
         from transformers import AutoTokenizer

@@ -80,7 +80,8 @@ def init_process_group(rank: int, world_size: int, master_addr: str, master_port
         torch.cuda.set_device(local_rank)
 
 
-_RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# The variables of a torch.distributed env:// rendezvous (``LOCAL_RANK`` aside: a launcher's, not the rendezvous').
+RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def ensure_single_process_group(timeout_s: float = 60) -> None:
@@ -91,7 +92,7 @@ def ensure_single_process_group(timeout_s: float = 60) -> None:
     this one holds (a legacy strategy there would try to listen on it)."""
     if dist.is_initialized():
         return
-    saved = {key: os.environ.get(key) for key in _RENDEZVOUS_ENV}
+    saved = {key: os.environ.get(key) for key in RENDEZVOUS_ENV}
     try:
         init_process_group(0, 1, "127.0.0.1", free_port(), timeout_s=timeout_s)
     finally:

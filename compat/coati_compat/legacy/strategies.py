@@ -36,11 +36,11 @@ from coati_compat.legacy.master_weights import find_master_optimizer, with_maste
 from coati_compat.legacy.model_base import Actor
 from coati_compat.legacy.replay_buffer import buffer_dataloader
 from coati_compat.legacy.tables import CLASS_PLUGINS, LEGACY_PRECISION
+from coati_relay.training.distributed import RENDEZVOUS_ENV as DIST_ENV
 from coati_relay.training.plugins import build_plugin, resolve_plugin
 
 logger = logging.getLogger(__name__)
 
-DIST_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 DIST_TIMEOUT = datetime.timedelta(minutes=30)
 
 
