@@ -60,8 +60,13 @@ def build_tokenizer(vocab_size: int = 320):
 
 def tiny_config(arch: str = "qwen2", vocab_size: int = 320, hidden_size: int = 128, num_layers: int = 2,
                 pad_token_id: int = 0, eos_token_id: int = 1):
-    """A transformers config of the tiny shape that vLLM's CPU kernels accept (head_dim 64)."""
-    from transformers import LlamaConfig, Qwen2Config
+    """A transformers config of the tiny shape that vLLM's CPU kernels accept (head_dim 64); ``gpt2``: the legacy
+    family of the four-role scripts, two heads, not meant for vLLM."""
+    from transformers import GPT2Config, LlamaConfig, Qwen2Config
+
+    if arch == "gpt2":
+        return GPT2Config(vocab_size=vocab_size, n_embd=hidden_size, n_layer=num_layers, n_head=2, n_positions=512,
+                          bos_token_id=eos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
 
     common = dict(
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=hidden_size * 2,
@@ -73,7 +78,7 @@ def tiny_config(arch: str = "qwen2", vocab_size: int = 320, hidden_size: int = 1
         return Qwen2Config(**common)
     if arch == "llama":
         return LlamaConfig(**common)
-    raise ValueError(f"tiny_config: unknown arch {arch!r}; use 'qwen2' or 'llama'")
+    raise ValueError(f"tiny_config: unknown arch {arch!r}; use 'qwen2', 'llama' or 'gpt2'")
 
 
 def build_tiny_model(path: Optional[os.PathLike] = None, arch: str = "qwen2", seed: int = 0,

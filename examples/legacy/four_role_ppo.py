@@ -11,6 +11,8 @@ Each group is ``--workers_per_role`` workers (``@ray.remote(num_gpus=1)``) on a 
 4. the policy group (each worker its share) and the value group (every item) take PPO steps on those items
    (``PolicyLoss``, ``ValueLoss``), again handed over as references.
 
+The reward group loads ``--rm_path``, the state dict of a trained ``RewardModel`` (what a reward-model training
+run saved with ``strategy.save_model``), on the ``--reward_pretrain`` base; without it, it scores with a random head.
 At the end, rank 0 of the policy group saves the actor's state dict to ``--save_dir/actor.pt``. Every wait has a
 timeout (``--timeout_s``). On a host without GPUs run it in CPU mode::
 
@@ -172,9 +174,13 @@ class RewardWorker(GroupMember):
 
     def build_model(self, args):
         critic = FAMILIES[args.model][1](pretrained=args.reward_pretrain or args.pretrain)
-        torch.manual_seed(args.seed + 1)  # a head of its own: the value head starts elsewhere
-        torch.nn.init.normal_(critic.value_head.weight, std=0.5)
-        return RewardModel(critic.model, critic.value_head)
+        reward_model = RewardModel(critic.model, critic.value_head)
+        if args.rm_path:  # a trained reward model: the state dict its training script saved
+            reward_model.load_state_dict(torch.load(args.rm_path, map_location="cpu"))
+        else:
+            torch.manual_seed(args.seed + 1)  # a head of its own: the value head starts elsewhere
+            torch.nn.init.normal_(critic.value_head.weight, std=0.5)
+        return reward_model
 
     @torch.no_grad()
     def rewards(self, batch):
@@ -247,7 +253,8 @@ if __name__ == "__main__":
     parser.add_argument("--strategy", choices=["ddp", "colossalai_zero2", "colossalai_gemini"], default="ddp")
     parser.add_argument("--model", choices=["gpt2", "opt"], default="gpt2")
     parser.add_argument("--pretrain", required=True)
-    parser.add_argument("--reward_pretrain", default=None)
+    parser.add_argument("--reward_pretrain", default=None, help="the reward model's base (default: --pretrain)")
+    parser.add_argument("--rm_path", default=None, help="state dict of a trained reward model (else a random head)")
     parser.add_argument("--workers_per_role", type=int, default=1)
     parser.add_argument("--lora_rank", type=int, default=0)
     parser.add_argument("--steps", type=int, default=4)

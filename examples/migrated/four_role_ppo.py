@@ -55,6 +55,60 @@ def legacy_plugin_config(strategy):
     return dict(LEGACY_STRATEGY_PLUGINS[strategy])
 
 
+def legacy_reward_model(base_path, state_dict_path):
+    """A reward-model checkpoint directory for ``reward_model_config["path"]``, from a legacy ``RewardModel``.
+
+    The legacy reward model was ``base_path``'s transformer body plus a ``value_head`` (``nn.Linear(hidden, 1)``),
+    trained and saved as one state dict (keys ``model.*`` and ``value_head.*``) at ``state_dict_path``. The engine
+    loads a sequence classifier with one label: this writes the body and the head (``score``) as one next to the
+    state dict, ``<state_dict_path>.relay/``, once (again when the state dict is newer), and returns that path.
+    The classifier's head has no bias: a nonzero legacy bias shifts every score by a constant (a warning says so).
+    """
+    import os
+    import warnings
+
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    out = f"{state_dict_path}.relay"
+    config = os.path.join(out, "config.json")
+    if os.path.isfile(config) and os.path.getmtime(config) >= os.path.getmtime(state_dict_path):
+        return out
+    state = torch.load(state_dict_path, map_location="cpu")
+    if "value_head.weight" not in state:
+        raise ValueError(f"{state_dict_path} holds no 'value_head.weight': pass the state dict of a legacy "
+                         f"RewardModel (keys model.* and value_head.*)")
+    head, bias = state["value_head.weight"], state.get("value_head.bias")
+    other = sorted(k for k in state if "lora_" in k or not k.startswith(("model.", "value_head.")))
+    if other:
+        raise ValueError(f"{state_dict_path} has keys other than the model's and the value head's weights "
+                         f"({other[:3]} ...): a LoRA reward model must be merged into its weights first")
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # the head is "newly initialized": it is set from the state dict
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(base_path, num_labels=1, dtype=torch.float32)
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+    body = getattr(model, model.base_model_prefix)
+    missing, _ = body.load_state_dict({k[len("model."):]: v for k, v in state.items() if k.startswith("model.")},
+                                      strict=False)
+    if missing:
+        raise ValueError(f"{state_dict_path} lacks weights of the {type(body).__name__} at {base_path} "
+                         f"({missing[:3]} ...): pass the base the reward model was trained from")
+    model.score.weight.data.copy_(head.reshape(model.score.weight.shape))
+    if bias is not None and bias.abs().max().item() > 0:
+        warnings.warn(f"the legacy reward head's bias {bias.flatten().tolist()} has no counterpart: the migrated "
+                      f"scores are shifted by it")
+    tokenizer = AutoTokenizer.from_pretrained(base_path)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (
+            tokenizer.eos_token_id)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 def lora_config(rank, family):
     """train_model_config["lora"] for the legacy ``lora_rank`` (None for 0: full fine-tuning).
 
@@ -96,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--strategy", choices=["ddp", "colossalai_zero2", "colossalai_gemini"], default="ddp")
     parser.add_argument("--model", choices=["gpt2", "opt"], default="gpt2")
     parser.add_argument("--pretrain", required=True)
-    parser.add_argument("--reward_pretrain", default=None)
+    parser.add_argument("--reward_pretrain", default=None, help="the reward model's base (default: --pretrain)")
+    parser.add_argument("--rm_path", default=None, help="state dict of a trained reward model (else a random head)")
     parser.add_argument("--workers_per_role", type=int, default=1)
     parser.add_argument("--lora_rank", type=int, default=0)
     parser.add_argument("--steps", type=int, default=4)
@@ -124,6 +179,9 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
     prompt_tokens = args.prompt_tokens
     inference_batch_size, inference_microbatch_size = round_sizes(
         num_producers, num_consumers, args.batch_size, args.batch_size, 1)
+    reward_model_path = args.reward_pretrain or args.pretrain
+    if args.rm_path:
+        reward_model_path = legacy_reward_model(reward_model_path, args.rm_path)
     train_model_config = {"path": args.pretrain}
     lora = lora_config(args.lora_rank, args.model)
     if lora:
@@ -150,7 +208,7 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         # NOTE: the legacy collate function cut or padded every prompt of the CSV's prompt column to exactly
         #       prompt_tokens tokens; the engine reads the same column (raw text, no chat template), pads per batch
         #       and cuts over-long prompts on the left, keeping their end. The data loader ran inside each maker;
-        #       here the engine samples the prompts. (legacy line 102) See migration_guide/rewriter.md#dataset
+        #       here the engine samples the prompts. (legacy line 104) See migration_guide/rewriter.md#dataset
         train_dataset_config={"path": args.prompt_csv, "max_length": prompt_tokens},
         inference_model_config={"path": args.pretrain},
         generate_config={"max_new_tokens": args.new_tokens},
@@ -177,14 +235,15 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         core_algo="PPO",
         project_name="four_role_ppo",
         critic_model_config={"path": args.pretrain},
-        # NOTE: DECIDE: the reward model. The legacy reward group built the critic class on args.reward_pretrain or
-        #       args.pretrain and scored with its value head; the engine loads reward_model_config['path'] as a
-        #       sequence classifier with one label, so point it at a trained reward-model checkpoint, or drop
-        #       reward_model_config and set grpo_config['reward_fn_type'] (a registered reward name or a function of
-        #       the responses). See migration_guide/rewriter.md#four-role
-        reward_model_config={"path": args.reward_pretrain or args.pretrain},
+        # NOTE: the trained legacy reward model (args.rm_path: the state dict of the critic class's body and value
+        #       head on args.reward_pretrain or args.pretrain) is written once as a sequence classifier with one
+        #       label (legacy_reward_model), which the engine loads. The engine reads the score at the last real
+        #       token, the legacy RewardModel the mean over all positions but the last: the same head gives other
+        #       numbers. Without args.rm_path each side scores with a random head of its own. See
+        #       migration_guide/rewriter.md#four-role
+        reward_model_config={"path": reward_model_path},
         # NOTE: the policy's checkpoint goes to run_dir/checkpoints (RunResult.checkpoints), not to the script's
-        #       save path. (legacy line 134) See migration_guide/rewriter.md#four-role
+        #       save path. (legacy line 136) See migration_guide/rewriter.md#four-role
         run_dir=args.run_dir,
     )
 

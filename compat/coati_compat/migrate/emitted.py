@@ -70,3 +70,57 @@ def lora_config(rank, family):
     if rank <= 0:
         return None
     return {"r": rank, "alpha": 1, "target_modules": LORA_TARGET_MODULES.get(family)}
+
+
+def legacy_reward_model(base_path, state_dict_path):
+    """A reward-model checkpoint directory for ``reward_model_config["path"]``, from a legacy ``RewardModel``.
+
+    The legacy reward model was ``base_path``'s transformer body plus a ``value_head`` (``nn.Linear(hidden, 1)``),
+    trained and saved as one state dict (keys ``model.*`` and ``value_head.*``) at ``state_dict_path``. The engine
+    loads a sequence classifier with one label: this writes the body and the head (``score``) as one next to the
+    state dict, ``<state_dict_path>.relay/``, once (again when the state dict is newer), and returns that path.
+    The classifier's head has no bias: a nonzero legacy bias shifts every score by a constant (a warning says so).
+    """
+    import os
+    import warnings
+
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    out = f"{state_dict_path}.relay"
+    config = os.path.join(out, "config.json")
+    if os.path.isfile(config) and os.path.getmtime(config) >= os.path.getmtime(state_dict_path):
+        return out
+    state = torch.load(state_dict_path, map_location="cpu")
+    if "value_head.weight" not in state:
+        raise ValueError(f"{state_dict_path} holds no 'value_head.weight': pass the state dict of a legacy "
+                         f"RewardModel (keys model.* and value_head.*)")
+    head, bias = state["value_head.weight"], state.get("value_head.bias")
+    other = sorted(k for k in state if "lora_" in k or not k.startswith(("model.", "value_head.")))
+    if other:
+        raise ValueError(f"{state_dict_path} has keys other than the model's and the value head's weights "
+                         f"({other[:3]} ...): a LoRA reward model must be merged into its weights first")
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # the head is "newly initialized": it is set from the state dict
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(base_path, num_labels=1, dtype=torch.float32)
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+    body = getattr(model, model.base_model_prefix)
+    missing, _ = body.load_state_dict({k[len("model."):]: v for k, v in state.items() if k.startswith("model.")},
+                                      strict=False)
+    if missing:
+        raise ValueError(f"{state_dict_path} lacks weights of the {type(body).__name__} at {base_path} "
+                         f"({missing[:3]} ...): pass the base the reward model was trained from")
+    model.score.weight.data.copy_(head.reshape(model.score.weight.shape))
+    if bias is not None and bias.abs().max().item() > 0:
+        warnings.warn(f"the legacy reward head's bias {bias.flatten().tolist()} has no counterpart: the migrated "
+                      f"scores are shifted by it")
+    tokenizer = AutoTokenizer.from_pretrained(base_path)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (
+            tokenizer.eos_token_id)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

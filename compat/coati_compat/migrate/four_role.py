@@ -145,7 +145,13 @@ class FourRoleMapper(_Mapper):
         reward = f"{reward} or {pretrain}" if reward else pretrain
         p.kwargs["inference_model_config"] = f'{{"path": {pretrain}}}'
         p.kwargs["critic_model_config"] = f'{{"path": {pretrain}}}'
-        p.kwargs["reward_model_config"] = f'{{"path": {reward}}}'
+        trained = self._flag("rm_path", "rm_checkpoint")
+        if trained:
+            p.prelude += [f"reward_model_path = {reward}", f"if {trained}:",
+                          f"    reward_model_path = {self.helper('legacy_reward_model')}(reward_model_path, {trained})"]
+            p.kwargs["reward_model_config"] = '{"path": reward_model_path}'
+        else:
+            p.kwargs["reward_model_config"] = f'{{"path": {reward}}}'
         if "lora_rank" in self.script.flags:
             family = self._flag("model") or "None"
             p.prelude += [f'train_model_config = {{"path": {pretrain}}}',
@@ -161,11 +167,20 @@ class FourRoleMapper(_Mapper):
         if "model" in self.script.flags:
             self.note("models", "--model (the model family) is no longer chosen: the checkpoint's config.json sets "
                                 "the architecture.", key="train_model_config")
-        self.note("four-role", f"DECIDE: the reward model. The legacy reward group built the critic class on "
-                               f"{reward} and scored with its value head; the engine loads reward_model_config['path'] "
-                               f"as a sequence classifier with one label, so point it at a trained reward-model "
-                               f"checkpoint, or drop reward_model_config and set grpo_config['reward_fn_type'] (a "
-                               f"registered reward name or a function of the responses).", key="reward_model_config")
+        if trained:
+            self.note("four-role", f"the trained legacy reward model ({trained}: the state dict of the critic class's "
+                                   f"body and value head on {reward}) is written once as a sequence classifier with "
+                                   f"one label (legacy_reward_model), which the engine loads. The engine reads the "
+                                   f"score at the last real token, the legacy RewardModel the mean over all positions "
+                                   f"but the last: the same head gives other numbers. Without {trained} each side "
+                                   f"scores with a random head of its own.", key="reward_model_config")
+        else:
+            self.note("four-role", f"DECIDE: the reward model. The legacy reward group built the critic class on "
+                                   f"{reward} and scored with its value head; the engine loads "
+                                   f"reward_model_config['path'] as a sequence classifier with one label, so point it "
+                                   f"at a trained reward-model checkpoint, or drop reward_model_config and set "
+                                   f"grpo_config['reward_fn_type'] (a registered reward name or a function of the "
+                                   f"responses).", key="reward_model_config")
 
     def _generation4(self) -> None:
         s, p = self.script, self.plan
