@@ -1,6 +1,6 @@
-"""``coati-relay compare`` on the legacy examples with tiny models, a few steps each: the report's files and numbers,
-the verdict on a migrated run given another learning rate, and a four-role script the rewriter cannot fully
-translate (exit 3) whose migrated script still runs."""
+"""``coati-relay compare`` on the legacy examples with tiny models: the report's files and numbers, the verdict on a
+migrated run given another learning rate, and a four-role script the rewriter cannot fully translate (exit 3) whose
+reward rises on both sides."""
 from __future__ import annotations
 
 import json
@@ -11,14 +11,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from legacy_reward import fit_plain_text_reward_model
+from run_helpers import rose
 
 from coati_compat.compare.verdicts import BETTER, NOT_COMPARED, SAME, WORSE
-from coati_relay.toy import build_tiny_model, build_tokenizer, write_toy_dataset
+from coati_relay.toy import build_tiny_model, write_toy_dataset
 
 pytestmark = pytest.mark.slow
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "legacy"
 STEPS = 3
+LEARNING_STEPS = 20  # the four-role script with a trained reward model: enough for the reward to rise
 TRANSFORMERS = "--inference_backend transformers"  # the migrated side's sampler, as the legacy makers' above
 MANY_ROLES = ["--num_makers", 2, "--num_trainers", 2, "--model", "llama", "--critic_model", "llama",
               "--experience_steps", STEPS, "--experience_batch_size", 2, "--train_batch_size", 2, "--update_steps", 1,
@@ -104,32 +107,35 @@ def test_many_roles_with_another_learning_rate_does_not_read_same(many_roles):
     assert kl["difference"] > kl["noise"] > 0
 
 
-def test_four_role_script_with_untranslated_parts(tmp_path, prompts):
-    """Exit 3 of the rewriter: the report names what it could not translate, and the migrated script runs."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    gpt2 = tmp_path / "tiny-gpt2"
-    tokenizer = build_tokenizer()
-    GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=64, n_layer=2, n_head=2, n_positions=256,
-                               bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-                               pad_token_id=tokenizer.pad_token_id)).save_pretrained(gpt2)
-    tokenizer.save_pretrained(gpt2)
-    args = ["--pretrain", gpt2, "--prompt_csv", prompts, "--workers_per_role", 2, "--steps", STEPS,
-            "--batch_size", 2, "--new_tokens", 8, "--lr", 1e-3, "--save_dir", tmp_path / "ckpt"]
-    status, output, data = compare("four_role_ppo.py", ["--steps", STEPS, "--out", "report", "--legacy-runs", 1,
-                                                        "--migrated-args", TRANSFORMERS], args, tmp_path)
+def test_four_role_script_learns_on_both_sides(tmp_path, prompts):
+    """A four-role script with a trained reward model (``--rm_path``) the rewriter converts: the reward rises on
+    both sides; exit 3 of the rewriter (the script's own actor classes), named in the report."""
+    gpt2 = build_tiny_model(tmp_path / "tiny-gpt2", arch="gpt2", hidden_size=64)
+    reward_model = fit_plain_text_reward_model(gpt2, tmp_path / "rm.pt")
+    args = ["--pretrain", gpt2, "--prompt_csv", prompts, "--workers_per_role", 2, "--steps", LEARNING_STEPS,
+            "--batch_size", 8, "--new_tokens", 8, "--lr", 3e-2, "--rm_path", reward_model,
+            "--save_dir", tmp_path / "ckpt"]
+    status, output, data = compare("four_role_ppo.py", ["--steps", LEARNING_STEPS, "--out", "report",
+                                                        "--legacy-runs", 1, "--migrated-args", TRANSFORMERS],
+                                   args, tmp_path)
     assert status == 0, output[-6000:]
     assert data["rewriter"]["exit_code"] == 3 and "PolicyWorker" in data["rewriter"]["untranslated"][0]
     report = (tmp_path / "report" / "report.md").read_text()
     assert "The rewriter could not translate (exit 3)" in report and "PolicyWorker, ValueWorker" in report
+    assert (tmp_path / "rm.pt.relay" / "config.json").is_file(), "the migrated run converted the reward model"
     (legacy,) = data["legacy"]
-    assert [r["step"] for r in legacy["rows"]] == [1, 2, 3] and [r["step"] for r in data["migrated"]["rows"]] == [
-        1, 2, 3]
-    assert all(r["samples"] == 4 and r["reward"] is not None and r["actor_loss"] is not None
-               and r["critic_loss"] is not None for r in legacy["rows"]), "two policy ranks x 2 prompts per step"
+    migrated = data["migrated"]
+    steps = list(range(1, LEARNING_STEPS + 1))
+    assert [r["step"] for r in legacy["rows"]] == steps and [r["step"] for r in migrated["rows"]] == steps
+    assert all(r["samples"] == 16 and r["reward"] is not None and r["actor_loss"] is not None
+               and r["critic_loss"] is not None for r in legacy["rows"]), "two policy ranks x 8 prompts per step"
+    for side in (legacy, migrated):
+        first, last = rose(side["rows"])
+        assert last > first and side["summary"]["reward_slope"] > 0, [r["reward"] for r in side["rows"]]
     assert {"PolicyWorker", "ValueWorker", "ReferenceWorker", "RewardWorker"} <= set(legacy["run"]["peak_memory_mib"])
     found = verdicts(data)
     assert found["push_s"] == NOT_COMPARED, "the script's policy workers sample with the weights they train"
     assert all(found[q] != NOT_COMPARED for q in ("reward", "kl", "actor_loss", "critic_loss", "s_per_step"))
-    assert any(e["link"].endswith("#four-role") and "reward" in e["quantities"] for e in data["explanations"])
+    four_role = [e for e in data["explanations"] if e["link"].endswith("#four-role") and "reward" in e["quantities"]]
+    assert any("legacy_reward_model" in e["text"] for e in four_role), "the reading of the reward model is explained"
     assert any(e["text"].startswith("KL estimate of the maker") for e in data["explanations"]), "compute_reward"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from coati_relay.toy import build_tokenizer, write_toy_dataset
+from coati_relay.toy import build_tiny_model, write_toy_dataset
 
 pytestmark = pytest.mark.slow
 
@@ -22,18 +22,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "legacy" / "four_ro
 @pytest.fixture(scope="module")
 def gpt2_path(tmp_path_factory):
     """A tiny random GPT-2 checkpoint with the toy tokenizer."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    path = tmp_path_factory.mktemp("tiny-gpt2")
-    tokenizer = build_tokenizer()
-    torch.manual_seed(0)
-    config = GPT2Config(vocab_size=len(tokenizer), n_embd=64, n_layer=2, n_head=2, n_positions=256,
-                        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-                        pad_token_id=tokenizer.pad_token_id)
-    GPT2LMHeadModel(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-gpt2") / "model", arch="gpt2", hidden_size=64)
 
 
 def legacy_run(script: Path, args, cwd: Path) -> str:
