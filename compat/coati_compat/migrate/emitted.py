@@ -101,26 +101,29 @@ def legacy_reward_model(base_path, state_dict_path):
     if other:
         raise ValueError(f"{state_dict_path} has keys other than the model's and the value head's weights "
                          f"({other[:3]} ...): a LoRA reward model must be merged into its weights first")
-    verbosity = transformers_logging.get_verbosity()
+    verbosity, bars = transformers_logging.get_verbosity(), transformers_logging.is_progress_bar_enabled()
     transformers_logging.set_verbosity_error()  # the head is "newly initialized": it is set from the state dict
+    transformers_logging.disable_progress_bar()
     try:
         model = AutoModelForSequenceClassification.from_pretrained(base_path, num_labels=1, dtype=torch.float32)
+        body = getattr(model, model.base_model_prefix)
+        missing, _ = body.load_state_dict({k[len("model."):]: v for k, v in state.items() if k.startswith("model.")},
+                                          strict=False)
+        if missing:
+            raise ValueError(f"{state_dict_path} lacks weights of the {type(body).__name__} at {base_path} "
+                             f"({missing[:3]} ...): pass the base the reward model was trained from")
+        model.score.weight.data.copy_(head.reshape(model.score.weight.shape))
+        tokenizer = AutoTokenizer.from_pretrained(base_path)
+        if model.config.pad_token_id is None:
+            model.config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (
+                tokenizer.eos_token_id)
+        model.save_pretrained(out)
     finally:
         transformers_logging.set_verbosity(verbosity)
-    body = getattr(model, model.base_model_prefix)
-    missing, _ = body.load_state_dict({k[len("model."):]: v for k, v in state.items() if k.startswith("model.")},
-                                      strict=False)
-    if missing:
-        raise ValueError(f"{state_dict_path} lacks weights of the {type(body).__name__} at {base_path} "
-                         f"({missing[:3]} ...): pass the base the reward model was trained from")
-    model.score.weight.data.copy_(head.reshape(model.score.weight.shape))
+        if bars:
+            transformers_logging.enable_progress_bar()
     if bias is not None and bias.abs().max().item() > 0:
         warnings.warn(f"the legacy reward head's bias {bias.flatten().tolist()} has no counterpart: the migrated "
                       f"scores are shifted by it")
-    tokenizer = AutoTokenizer.from_pretrained(base_path)
-    if model.config.pad_token_id is None:
-        model.config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (
-            tokenizer.eos_token_id)
-    model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
