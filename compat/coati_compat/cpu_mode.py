@@ -27,13 +27,13 @@ each kind. With CUDA present, or the mode off, nothing is changed.
 """
 from __future__ import annotations
 
-import importlib.machinery
 import logging
 import os
-import sys
 import threading
 import warnings
 from typing import Any, Callable, Dict, Optional
+
+from coati_compat.after_import import patch_after_import
 
 logger = logging.getLogger(__name__)
 
@@ -263,45 +263,13 @@ def patch_ray() -> bool:
 
 
 # -- start-up hook ------------------------------------------------------------------------------------------------
-class _AfterImport:
-    """A ``sys.meta_path`` entry that runs a patch right after one of `PATCHES` is first imported."""
-
-    PATCHES = {"torch": patch_torch, "ray": patch_ray, "colossalai.nn.optimizer": patch_colossalai_optimizer}
-
-    def __init__(self) -> None:
-        self._busy = threading.local()
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name not in self.PATCHES or getattr(self._busy, "on", False):
-            return None
-        self._busy.on = True
-        try:
-            spec = importlib.machinery.PathFinder.find_spec(name, path)
-        finally:
-            self._busy.on = False
-        if spec is None or spec.loader is None:
-            return None
-        exec_module, patch = spec.loader.exec_module, self.PATCHES[name]
-
-        def exec_then_patch(module: Any) -> None:
-            exec_module(module)
-            try:
-                patch()
-            except Exception:  # the user's import must not fail for the mode; say why it is off
-                logger.exception("%s: patching %s failed; CPU mode is off for it in this process", ENV, name)
-
-        spec.loader.exec_module = exec_then_patch  # type: ignore[method-assign]
-        return spec
+PATCHES = {"torch": patch_torch, "ray": patch_ray, "colossalai.nn.optimizer": patch_colossalai_optimizer}
 
 
 def install() -> bool:
-    """Called at interpreter start-up: when the mode is on, patches each module of `_AfterImport.PATCHES` now if it
-    is imported already, else right after its first import. Returns whether the mode is on."""
+    """Called at interpreter start-up: when the mode is on, patches each module of `PATCHES` now if it is imported
+    already, else right after its first import. Returns whether the mode is on."""
     if not enabled():
         return False
-    for name, patch in _AfterImport.PATCHES.items():
-        if name in sys.modules:
-            patch()
-    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport())
+    patch_after_import(PATCHES, ENV)
     return True

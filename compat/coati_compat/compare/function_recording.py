@@ -13,19 +13,27 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch
+from coati_compat.after_import import patch_after_import
+from coati_compat.compare.recording_switch import events_dir
 
-from coati_compat.compare.recording import EventWriter, events_dir, per_sample_kl, sample_stats
+if TYPE_CHECKING:
+    import torch
+
+    from coati_compat.compare.recording import EventWriter
 
 logger = logging.getLogger(__name__)
 
 _INSTALLED = "_coati_compare_recorded"
+RL_FUNCTIONS, LOSSES = "coati_compat.legacy.rl_functions", "coati_compat.legacy.losses"
 
 
 def _recorded_compute_reward(original: Callable[..., torch.Tensor], writer: EventWriter) -> Callable[..., Any]:
+    from coati_compat.compare.recording import per_sample_kl, sample_stats
+
     @functools.wraps(original)
     def compute_reward(r: torch.Tensor, kl_coef: float, log_probs: torch.Tensor, log_probs_base: torch.Tensor,
                        action_mask: Any = None) -> torch.Tensor:
@@ -53,17 +61,31 @@ def _recorded_forward(original: Callable[..., torch.Tensor], which: str, writer:
 
 def install() -> bool:
     """Wraps ``compute_reward``, ``PolicyLoss.forward`` and ``ValueLoss.forward`` in this process while recording is
-    on; returns whether it did. Idempotent."""
+    on, right after their modules are imported (now, if they are already); returns whether recording is on.
+    Idempotent. Imports nothing itself: a Ray worker runs it before the actor's ``OMP_NUM_THREADS`` is set, and
+    importing torch then would give it a thread per core (7x slower legacy steps on a 2-core host)."""
     directory = events_dir()
     if not directory:
         return False
-    from coati_compat.legacy import losses, rl_functions
+    patch_after_import({RL_FUNCTIONS: functools.partial(_wrap_compute_reward, directory),
+                        LOSSES: functools.partial(_wrap_losses, directory)}, "compare recording")
+    return True
 
-    writer = EventWriter(directory)
+
+def _wrap_compute_reward(directory: str) -> None:
+    from coati_compat.compare.recording import EventWriter
+
+    rl_functions = sys.modules[RL_FUNCTIONS]
     if not getattr(rl_functions.compute_reward, _INSTALLED, False):
-        rl_functions.compute_reward = _recorded_compute_reward(rl_functions.compute_reward, writer)
+        rl_functions.compute_reward = _recorded_compute_reward(rl_functions.compute_reward, EventWriter(directory))
+        logger.debug("compare: recording compute_reward in this process")
+
+
+def _wrap_losses(directory: str) -> None:
+    from coati_compat.compare.recording import EventWriter
+
+    writer, losses = EventWriter(directory), sys.modules[LOSSES]
     for cls, which in ((losses.PolicyLoss, "actor"), (losses.ValueLoss, "critic")):
         if not getattr(cls.forward, _INSTALLED, False):
             cls.forward = _recorded_forward(cls.forward, which, writer)
-    logger.debug("compare: recording compute_reward, PolicyLoss and ValueLoss in this process")
-    return True
+    logger.debug("compare: recording PolicyLoss and ValueLoss in this process")

@@ -22,18 +22,11 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from coati_compat.compare.recording_switch import ENV, events_dir  # noqa: F401 (ENV: the switch's name)
 from coati_compat.legacy.callbacks import MakerCallback, TrainerCallback
 from coati_relay.algorithms import kl_k3, masked_mean
 
 logger = logging.getLogger(__name__)
-
-ENV = "COATI_RELAY_COMPARE_EVENTS"
-
-
-def events_dir() -> Optional[str]:
-    """The directory of ``$COATI_RELAY_COMPARE_EVENTS``, or None when recording is off."""
-    return os.environ.get(ENV) or None
-
 
 def process_role() -> str:
     """The Ray actor class this process runs (``ray::PolicyWorker.learn`` -> ``PolicyWorker``), else ``driver``."""

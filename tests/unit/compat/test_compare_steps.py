@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -178,3 +181,21 @@ def test_the_legacy_side_adds_the_recording_hook_to_ray_init(tmp_path, monkeypat
     assert calls == ["recording", "user", "recording"]
     monkeypatch.delenv(recording.ENV)
     assert legacy_launch.main(["script.py"]) == 2
+
+
+def test_the_worker_hook_imports_nothing_heavy_and_wraps_on_import(tmp_path):
+    """A Ray worker runs the hook before its actor's OMP_NUM_THREADS is set: torch imported there would take a thread
+    per core. The hook only arranges the wrapping, which happens when the script imports the legacy functions."""
+    probe = (
+        "import sys\n"
+        "from coati_compat.compare import function_recording\n"
+        "assert function_recording.install()\n"
+        "assert 'torch' not in sys.modules, 'the hook imported torch'\n"
+        "from coati.models.loss import PolicyLoss\n"
+        "from coati.models.utils import compute_reward\n"
+        "assert getattr(PolicyLoss.forward, '_coati_compare_recorded', False)\n"
+        "assert getattr(compute_reward, '_coati_compare_recorded', False)\n"
+    )
+    env = {**os.environ, recording.ENV: str(tmp_path), "PYTHONWARNINGS": "ignore::FutureWarning"}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
