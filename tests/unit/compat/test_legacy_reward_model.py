@@ -23,13 +23,35 @@ def gpt2(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("gpt2") / "model", arch="gpt2", hidden_size=64)
 
 
+@pytest.fixture(scope="module")
+def opt(tmp_path_factory):
+    """A tiny random OPT (the four-role script's other family) with the toy tokenizer."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    from coati_relay.toy import build_tokenizer
+
+    path, tokenizer = tmp_path_factory.mktemp("opt") / "model", build_tokenizer()
+    config = OPTConfig(vocab_size=len(tokenizer), hidden_size=32, word_embed_proj_dim=32, ffn_dim=64,
+                       num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=64,
+                       pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id,
+                       eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    OPTForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def trained_reward_model(base, path, bias=0.0):
-    """A legacy ``GPTRM`` on ``base`` with a seeded random head, saved as its state dict (as a training run did)."""
+    """A legacy ``GPTRM`` or ``OPTRM`` on ``base`` with a seeded random head, saved as its state dict (as a training
+    run did)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         from coati.models.gpt import GPTRM
+        from coati.models.opt import OPTRM
+        from transformers import AutoConfig
 
-        model = GPTRM(pretrained=str(base)).eval()
+        family = {"gpt2": GPTRM, "opt": OPTRM}[AutoConfig.from_pretrained(base).model_type]
+        model = family(pretrained=str(base)).eval()
     torch.manual_seed(3)
     torch.nn.init.normal_(model.value_head.weight, std=0.5)
     torch.nn.init.constant_(model.value_head.bias, bias)
@@ -37,9 +59,11 @@ def trained_reward_model(base, path, bias=0.0):
     return model
 
 
-def test_scores_equal_the_legacy_value_head_at_the_last_token(gpt2, tmp_path):
-    legacy = trained_reward_model(gpt2, tmp_path / "rm.pt")
-    out = legacy_reward_model(str(gpt2), str(tmp_path / "rm.pt"))
+@pytest.mark.parametrize("family", ["gpt2", "opt"])
+def test_scores_equal_the_legacy_value_head_at_the_last_token(family, request, tmp_path):
+    base = request.getfixturevalue(family)
+    legacy = trained_reward_model(base, tmp_path / "rm.pt")
+    out = legacy_reward_model(str(base), str(tmp_path / "rm.pt"))
     assert out == f"{tmp_path / 'rm.pt'}.relay" and os.path.isfile(os.path.join(out, "tokenizer.json"))
     sequences = torch.randint(6, 300, (3, 10))
     mask = torch.ones_like(sequences)
