@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from multinode_driver import REMOVAL_ROUNDS
 
 pytestmark = pytest.mark.slow
 
@@ -46,11 +47,10 @@ def test_lost_node_moves_its_producers_work_to_the_other(report):
     run = report["node_removed"]
     lost = "producer-1"
     assert run["roles"][lost] == report["removed"]
-    rounds = 24  # multinode_driver.REMOVAL_ROUNDS
-    assert run["steps"] == list(range(1, rounds + 1)), "every step still trained"
+    assert run["steps"] == list(range(1, REMOVAL_ROUNDS + 1)), "every step still trained"
     c = run["counters"]
     assert c["dead_producers"] == [lost]
     assert c["produced"] == c["consumed"] + c["dropped"] + c["in_flight"]
-    assert c["consumed"] - c["lost"] == 2 * rounds, "two rollouts a round trained on; one taken as its node went " \
-                                                    "was made again"
+    assert c["consumed"] - c["lost"] == 2 * REMOVAL_ROUNDS, \
+        "two rollouts a round trained on; one taken as its node went was made again"
     assert run["removal_to_recovery_s"] is not None and run["removal_to_recovery_s"] < 30

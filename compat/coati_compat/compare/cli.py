@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, List
 
-from coati_compat.compare import explanations, report, side_commands, sides, steps, verdicts
+from coati_compat.compare import explanations, recording_switch, report, side_commands, sides, steps, verdicts
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def run_legacy(script: Path, args: argparse.Namespace, out: Path) -> List[Dict[s
         shutil.rmtree(out / f"legacy-{i}", ignore_errors=True)  # an earlier report's records must not mix in
         events = out / f"legacy-{i}" / "events"
         events.mkdir(parents=True)
-        env = sides.side_env({"COATI_RELAY_COMPARE_EVENTS": str(events),
+        env = sides.side_env({recording_switch.ENV: str(events),
                               "RAY_NAMESPACE": f"compare-{uuid.uuid4().hex[:8]}"})
         run = sides.run_side(side_commands.legacy_command(script, args.script_args), env, Path.cwd(),
                              out / f"legacy-{i}" / "log.txt", lambda: len(steps.legacy_rows(events, finished=False)),

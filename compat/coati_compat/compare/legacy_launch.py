@@ -13,7 +13,7 @@ import logging
 import sys
 from typing import Any, Callable, Optional, Union
 
-from coati_compat.compare import function_recording, recording
+from coati_compat.compare import function_recording, recording_switch
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +62,8 @@ def main(argv: Optional[list] = None) -> int:
     if not argv:
         print("usage: python -m coati_compat.compare.legacy_launch SCRIPT [ARGS...]", file=sys.stderr)
         return 2
-    if not recording.events_dir():
-        print(f"legacy_launch: set ${recording.ENV} to the directory the records go to", file=sys.stderr)
+    if not recording_switch.events_dir():
+        print(f"legacy_launch: set ${recording_switch.ENV} to the directory the records go to", file=sys.stderr)
         return 2
     wrap_ray_init()
     return legacy_run.run_script(argv[0], argv[1:])

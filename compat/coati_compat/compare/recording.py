@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from coati_compat.compare.recording_switch import ENV, events_dir  # noqa: F401 (ENV: the switch's name)
+from coati_compat.compare.recording_switch import events_dir
 from coati_compat.legacy.callbacks import MakerCallback, TrainerCallback
 from coati_relay.algorithms import kl_k3, masked_mean
 

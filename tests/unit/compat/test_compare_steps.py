@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from coati_compat.compare import function_recording, recording
+from coati_compat.compare import function_recording, recording, recording_switch
 from coati_compat.compare.steps import legacy_rows, migrated_rows, read_events, summarize
 
 
@@ -99,13 +99,13 @@ def test_summary_leaves_the_warm_up_step_out_of_the_rates():
 
 
 def test_recorders_are_off_without_the_variable(monkeypatch):
-    monkeypatch.delenv(recording.ENV, raising=False)
+    monkeypatch.delenv(recording_switch.ENV, raising=False)
     assert recording.trainer_callbacks() == [] and recording.maker_callbacks(object()) == []
     assert function_recording.install() is False
 
 
 def test_shim_recorders_write_train_push_and_experience_events(tmp_path, monkeypatch):
-    monkeypatch.setenv(recording.ENV, str(tmp_path))
+    monkeypatch.setenv(recording_switch.ENV, str(tmp_path))
     (trainer,) = recording.trainer_callbacks()
     trainer.on_episode_start(0)
     trainer.on_epoch_start(0)
@@ -137,7 +137,7 @@ def test_function_recording_wraps_the_legacy_functions(tmp_path, monkeypatch):
     from coati_compat.legacy import losses, rl_functions
 
     originals = (rl_functions.compute_reward, losses.PolicyLoss.forward, losses.ValueLoss.forward)
-    monkeypatch.setenv(recording.ENV, str(tmp_path))
+    monkeypatch.setenv(recording_switch.ENV, str(tmp_path))
     try:
         assert function_recording.install() and function_recording.install()
         r, logp = torch.tensor([1.0, 3.0]), torch.zeros(2, 4)
@@ -172,14 +172,14 @@ def test_the_legacy_side_adds_the_recording_hook_to_ray_init(tmp_path, monkeypat
     assert legacy_launch.with_setup_hook(None) == {"worker_process_setup_hook": legacy_launch.SETUP_HOOK}
     env = legacy_launch.with_setup_hook({"env_vars": {"A": "1"}, "worker_process_setup_hook": "os.getpid"})
     assert env["env_vars"] == {"A": "1"}
-    monkeypatch.setenv(recording.ENV, str(tmp_path))
+    monkeypatch.setenv(recording_switch.ENV, str(tmp_path))
     calls = []
     monkeypatch.setattr(function_recording, "install", lambda: calls.append("recording"))
     legacy_launch.with_setup_hook({"worker_process_setup_hook": lambda: calls.append("user")})[
         "worker_process_setup_hook"]()
     env["worker_process_setup_hook"]()  # the script's own hook, by name, runs after the recording one
     assert calls == ["recording", "user", "recording"]
-    monkeypatch.delenv(recording.ENV)
+    monkeypatch.delenv(recording_switch.ENV)
     assert legacy_launch.main(["script.py"]) == 2
 
 
@@ -196,6 +196,6 @@ def test_the_worker_hook_imports_nothing_heavy_and_wraps_on_import(tmp_path):
         "assert getattr(PolicyLoss.forward, '_coati_compare_recorded', False)\n"
         "assert getattr(compute_reward, '_coati_compare_recorded', False)\n"
     )
-    env = {**os.environ, recording.ENV: str(tmp_path), "PYTHONWARNINGS": "ignore::FutureWarning"}
+    env = {**os.environ, recording_switch.ENV: str(tmp_path), "PYTHONWARNINGS": "ignore::FutureWarning"}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
