@@ -70,9 +70,8 @@ def _place(cfg: RunConfig) -> Tuple[Any, List[Dict[str, Any]]]:
     check_satisfiable(requests, ray.nodes(), r.placement_strategy, autoscaler_configured())
     pg = reserve(requests, r.placement_strategy, r.placement_timeout_s)
     threads = max(1, int(float(cluster.get("CPU", 1)) // len(requests)))
-    env = {"runtime_env": {"env_vars": {**ACTOR_ENV, "OMP_NUM_THREADS": str(threads)}}}
-    return pg, [{**actor_options(pg, i, req), **({} if "GPU" in req.resources else env)}
-                for i, req in enumerate(requests)]
+    env = {**ACTOR_ENV, "OMP_NUM_THREADS": str(threads)}
+    return pg, [actor_options(pg, i, req, cpu_env=env) for i, req in enumerate(requests)]
 
 
 def _start_state(cfg: RunConfig) -> Dict[str, Any]:

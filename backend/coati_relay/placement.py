@@ -24,6 +24,7 @@ STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 ROLES = ("producer", "consumer")
 HEAD_RESOURCE = "node:__internal_head__"  # the resource Ray gives the head node only
 AUTOSCALING_STATUS_KEY = "__autoscaling_status"  # where Ray's monitor writes its status (ray_constants)
+NO_GPU_ENV = {"CUDA_VISIBLE_DEVICES": ""}  # what makes an actor placed without a GPU see none
 
 
 class PlacementError(RuntimeError):
@@ -170,12 +171,19 @@ def node_id() -> str:
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
 
 
-def actor_options(pg: Any, index: int, request: RoleRequest) -> Dict[str, Any]:
-    """Ray actor options that run an actor in bundle ``index`` of ``pg`` with exactly that bundle's resources."""
+def actor_options(pg: Any, index: int, request: RoleRequest,
+                  cpu_env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """Ray actor options that run an actor in bundle ``index`` of ``pg`` with exactly that bundle's resources.
+
+    An actor whose bundle holds no GPU gets ``cpu_env`` and `NO_GPU_ENV` as its environment: Ray 2.60 leaves a
+    ``num_gpus=0`` actor the node's ``CUDA_VISIBLE_DEVICES``, so without it every role of a run placed on CPU (fewer
+    GPUs than roles) would take ``cuda:0``."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     custom = {k: v for k, v in request.resources.items() if k not in ("CPU", "GPU")}
-    return {"num_cpus": request.resources.get("CPU", 0), "num_gpus": request.resources.get("GPU", 0),
-            **({"resources": custom} if custom else {}),
+    gpus = request.resources.get("GPU", 0)
+    env = {} if gpus else {"runtime_env": {"env_vars": {**(cpu_env or {}), **NO_GPU_ENV}}}
+    return {"num_cpus": request.resources.get("CPU", 0), "num_gpus": gpus,
+            **({"resources": custom} if custom else {}), **env,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg,
                                                                     placement_group_bundle_index=index)}

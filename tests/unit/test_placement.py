@@ -110,3 +110,41 @@ def test_autoscaler_detection_reads_the_monitor_status(ray_cluster, monkeypatch)
                           (b'{"load_metrics_report": {}}', None), (None, None), (b"{cut", None)]:
         monkeypatch.setattr(internal_kv, "_internal_kv_get", lambda key, raw=raw: raw)
         assert placement.autoscaler_configured() is expected, raw
+
+
+# -- fewer GPUs than roles ---------------------------------------------------------------------------------------------
+def test_an_actor_placed_without_a_gpu_is_given_no_cuda_device():
+    """Ray 2.60 leaves a ``num_gpus=0`` actor the node's CUDA_VISIBLE_DEVICES: the options hide the GPUs from it, so
+    a run placed on CPU (fewer GPUs than roles) does not put every role on ``cuda:0``."""
+    from coati_relay.placement import actor_options
+
+    cpu_opts = actor_options(None, 0, RoleRequest("consumer-0", {"CPU": 0.5}), cpu_env={"OMP_NUM_THREADS": "1"})
+    assert cpu_opts["num_gpus"] == 0
+    assert cpu_opts["runtime_env"]["env_vars"] == {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    gpu_opts = actor_options(None, 1, RoleRequest("producer-0", {"CPU": 1.0, "GPU": 1.0}), cpu_env={"X": "1"})
+    assert gpu_opts["num_gpus"] == 1.0 and "runtime_env" not in gpu_opts, "Ray sets a GPU actor's devices itself"
+
+
+@pytest.mark.slow
+def test_a_cpu_placed_actor_sees_no_cuda_device_in_its_process(ray_cluster):
+    from ray.util.placement_group import remove_placement_group
+
+    from coati_relay.placement import actor_options, reserve
+
+    @ray_cluster.remote
+    class Probe:
+        def env(self):
+            import os
+
+            import torch
+
+            return os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("OMP_NUM_THREADS"), torch.cuda.device_count()
+
+    request = RoleRequest("consumer-0", {"CPU": 0.1})
+    pg = reserve([request], "PACK", timeout_s=30)
+    try:
+        probe = Probe.options(**actor_options(pg, 0, request, cpu_env={"OMP_NUM_THREADS": "1"})).remote()
+        assert ray_cluster.get(probe.env.remote(), timeout=60) == ("", "1", 0)
+        ray_cluster.kill(probe)
+    finally:
+        remove_placement_group(pg)
