@@ -83,7 +83,7 @@ class ConsumerWorker:
         cfg = self.cfg
         t0 = time.perf_counter()
         torch.manual_seed(cfg.seed)
-        init_process_group(self.rank, self.world_size, master_addr, master_port)
+        init_process_group(self.rank, self.world_size, master_addr, master_port, timeout_s=cfg.roles.timeout_s)
         self._load()
         if self.rank == 0:
             if cfg.roles.weight_sync == "collective":
