@@ -16,7 +16,6 @@ from train_round_helpers import (
     record_steps,
 )
 
-from coati_relay import algorithms as algos
 from coati_relay import consumer as consumer_module
 from coati_relay.consumer import ConsumerWorker
 from coati_relay.logprobs import response_logprobs
@@ -148,7 +147,8 @@ def test_micro_batches_accumulate_the_whole_batch_gradient(paths, variation):
 
 # -- where the KL goes -----------------------------------------------------------------------------------------------
 def test_grpo_puts_beta_times_kl_into_the_loss(paths):
-    """Equal rewards in every group: A = 0, so the whole gradient is beta * grad(mean_b masked_mean_t k3)."""
+    """Equal rewards in every group: A = 0, so the whole gradient is that of beta * mean_b masked_mean_t k3, with
+    k3 = exp(x) - 1 - x and x = ref_logp - logp written out here (not the KL code under test)."""
     beta = 0.5
     cfg = make_config(*paths, train_batch_size=4, beta=beta)
     rollout = make_rollout(PROMPTS, RESPONSES, 2, [1.0, 1.0, 0.0, 0.0, 0.3, 0.3, 1.0, 1.0], policy=BigramLM())
@@ -160,7 +160,8 @@ def test_grpo_puts_beta_times_kl_into_the_loss(paths):
     mask = rollout.response_mask.float()
 
     def loss(m):
-        k3 = algos.kl_estimate(_logp(m, rollout), ref, kind="k3")
+        x = ref - _logp(m, rollout)
+        k3 = x.exp() - 1 - x
         return beta * ((k3 * mask).sum(1) / mask.sum(1)).mean()
 
     expected = _grads_of(loss, BigramLM())
@@ -168,10 +169,32 @@ def test_grpo_puts_beta_times_kl_into_the_loss(paths):
     torch.testing.assert_close(grads[0]["table"], expected, rtol=1e-5, atol=1e-7)
 
 
+def _hand_ppo_advantages(rewards, logp, ref, values, lengths, kl_coef, gamma, lam) -> torch.Tensor:
+    """PPO's advantages [N, R] written out one row and one token at a time: token rewards -kl_coef * (logp - ref)
+    plus the reward on the last token, GAE backwards over the row's tokens (V = 0 past the end), then whitened
+    over all valid tokens (population variance, eps 1e-8)."""
+    adv = torch.zeros_like(values)
+    for i, n in enumerate(lengths.tolist()):
+        token_rewards = [-kl_coef * float(logp[i, t] - ref[i, t]) for t in range(n)]
+        token_rewards[-1] += float(rewards[i])
+        next_value = next_adv = 0.0
+        for t in reversed(range(n)):
+            delta = token_rewards[t] + gamma * next_value - float(values[i, t])
+            next_adv = delta + gamma * lam * next_adv
+            adv[i, t] = next_adv
+            next_value = float(values[i, t])
+    valid = torch.arange(adv.size(1)) < lengths.unsqueeze(1)
+    mean = adv[valid].mean()
+    std = (((adv[valid] - mean) ** 2).mean() + 1e-8).sqrt()
+    return (adv - mean) / std * valid
+
+
 def test_ppo_puts_the_kl_into_the_rewards_not_the_loss(paths):
     """PPO (kl_in_loss False): the gradient is that of -A * ratio with A from GAE over rewards that carry
-    -kl_coef * KL; beta (set here, large) must not add a KL term to the loss."""
-    cfg = make_config(*paths, core_algo="PPO", group_size=1, train_batch_size=4, kl_coef=0.5, beta=0.5)
+    -kl_coef * KL (advantages computed by hand here); beta (set here, large) must not add a KL term to the loss."""
+    kl_coef = 0.5
+    cfg = make_config(*paths, core_algo="PPO", group_size=1, train_batch_size=4, kl_coef=kl_coef, beta=0.5)
+    assert (cfg.algo.gamma, cfg.algo.lam, cfg.algo.normalize_advantages) == (1.0, 0.95, True)
     prompts, responses = PROMPTS, RESPONSES[:4]
     rollout = make_rollout(prompts, responses, 1, [1.0, 0.0, 0.5, 0.2], policy=BigramLM())
     worker = ConsumerWorker.for_models(cfg, BigramLM(), reference=BigramLM(seed=1), critic=TokenCritic())
@@ -183,12 +206,11 @@ def test_ppo_puts_the_kl_into_the_rewards_not_the_loss(paths):
     with torch.no_grad():
         values = TokenCritic()(rollout.sequences, rollout.attention_mask)[:, p - 1:p - 1 + r]
         ref = _logp(BigramLM(seed=1), rollout)
-    out = algos.get("advantage", "ppo")(algos.AdvantageInputs(rollout.rewards, 1, mask, rollout.logprobs, ref,
-                                                              values), cfg.algo)
-    assert not torch.allclose(out.advantages, algos.get("advantage", "ppo")(
-        algos.AdvantageInputs(rollout.rewards, 1, mask, rollout.logprobs, rollout.logprobs, values),
-        cfg.algo).advantages), "the reference must change the advantages"
-    expected = _grads_of(lambda m: ((_surrogate(_logp(m, rollout), out.advantages) * mask).sum(1)
+    args = (rollout.rewards, rollout.logprobs, ref, values, rollout.response_lengths)
+    advantages = _hand_ppo_advantages(*args, kl_coef=kl_coef, gamma=1.0, lam=0.95)
+    assert not torch.allclose(advantages, _hand_ppo_advantages(*args, kl_coef=0.0, gamma=1.0, lam=0.95)), \
+        "the reference must change the advantages"
+    expected = _grads_of(lambda m: ((_surrogate(_logp(m, rollout), advantages) * mask).sum(1)
                                     / mask.sum(1)).mean(), BigramLM())
     torch.testing.assert_close(grads[0]["table"], expected, rtol=1e-5, atol=1e-7)
 
