@@ -61,11 +61,27 @@ def test_noise_is_the_spread_of_the_legacy_runs_with_a_relative_floor():
 
 
 def test_one_legacy_run_takes_its_residuals_around_its_trend_as_noise():
-    run = noisy_ramp(1, sigma=0.05)
-    verdict = curve_verdict("reward", [run], noisy_ramp(2, sigma=0.05), "higher")
-    assert verdict.noise == pytest.approx(max(trend_residual(run), 0.1 * sum(map(abs, run)) / len(run)))
-    assert verdict.verdict == SAME
-    assert curve_verdict("reward", [run], noisy_ramp(2, offset=0.5), "higher").verdict == BETTER
+    """One legacy run [0, 2, 1, 3]: its least-squares line is 0.3 + 0.8 t, residuals -0.3, 0.9, -0.9, 0.3, RMS
+    sqrt(1.8 / 4) = 0.6708 above the 10% floor (0.15): the noise. A migrated run 0.6 above reads same, 0.7 better."""
+    run = [0.0, 2.0, 1.0, 3.0]
+    verdict = curve_verdict("reward", [run], [v + 0.6 for v in run], "higher")
+    assert verdict.noise == pytest.approx(math.sqrt(0.45))
+    assert verdict.difference == pytest.approx(0.6) and verdict.verdict == SAME
+    assert curve_verdict("reward", [run], [v + 0.7 for v in run], "higher").verdict == BETTER
+    assert curve_verdict("reward", [run], [v - 0.7 for v in run], "higher").verdict == WORSE
+    # Residuals -0.02, 0.06, -0.06, 0.02 around 1.02 + 0.02 t (RMS 0.0447) fall under the floor: 10% of 1.05.
+    assert curve_verdict("reward", [[1.0, 1.1, 1.0, 1.1]], [1.0] * 4, "higher").noise == pytest.approx(0.105)
+    noisy = noisy_ramp(1, sigma=0.05)
+    assert curve_verdict("reward", [noisy], noisy_ramp(2, sigma=0.05), "higher").verdict == SAME
+    assert curve_verdict("reward", [noisy], noisy_ramp(2, offset=0.5), "higher").verdict == BETTER
+
+
+def test_trend_residual_off_a_line():
+    """[0, 2, 1, 3]: line 0.3 + 0.8 t (slope 4 / 5), residuals -0.3, 0.9, -0.9, 0.3, RMS sqrt(0.45)."""
+    assert least_squares_slope([0.0, 2.0, 1.0, 3.0]) == pytest.approx(0.8)
+    assert trend_residual([0.0, 2.0, 1.0, 3.0]) == pytest.approx(math.sqrt(0.45))
+    assert trend_residual([1.0, 1.1, 1.0, 1.1]) == pytest.approx(math.sqrt(0.008 / 4))
+    assert trend_residual([5.0, 7.0]) == 0.0, "fewer than three points"
 
 
 def test_steps_missing_on_a_side_are_left_out_and_nothing_to_compare_says_so():
