@@ -115,3 +115,14 @@ def test_option_names_match_colossalai_signatures():
         accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
         assert PLUGIN_OPTIONS[name] == accepted, name
         assert PLUGINS[name].factory.__name__ == cls.__name__
+
+
+def test_gemini_accumulates_when_a_step_has_several_micro_batches():
+    from coati_relay.training.plugins import with_accumulation
+
+    options = {"precision": "bf16"}
+    assert with_accumulation("gemini", options, 2) == {"precision": "bf16", "enable_gradient_accumulation": True}
+    assert with_accumulation("gemini", options, 1) == options and options == {"precision": "bf16"}
+    assert with_accumulation("zero2", {"stage": 2}, 4) == {"stage": 2}, "LowLevelZero accumulates as it is"
+    with pytest.raises(ValueError, match="enable_gradient_accumulation=False with 3 micro-batches"):
+        with_accumulation("gemini", {"enable_gradient_accumulation": False}, 3)

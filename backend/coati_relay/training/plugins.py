@@ -182,6 +182,23 @@ def resolve_plugin(name: str, options: Optional[Dict[str, Any]] = None, allow_cp
     return name, merged
 
 
+def with_accumulation(name: str, options: Dict[str, Any], micro_batches: int) -> Dict[str, Any]:
+    """The options of plugin ``name`` for optimizer steps of ``micro_batches`` backward passes each.
+
+    Gemini by default writes a backward pass's gradients into the chunk of the low-precision parameters
+    (``reuse_fp16_chunk``): a second micro-batch would then run forward on gradients as weights, and its gradients
+    would overwrite the first's. With more than one micro-batch a step, Gemini gets
+    ``enable_gradient_accumulation=True``; the other plugins accumulate as they are.
+    """
+    if name != "gemini" or micro_batches <= 1:
+        return dict(options)
+    if options.get("enable_gradient_accumulation") is False:
+        raise ValueError(f"plugin 'gemini': enable_gradient_accumulation=False with {micro_batches} micro-batches "
+                         f"per optimizer step would train on corrupted weights; drop the option, or make "
+                         f"train_microbatch_size and train_minibatch_size * num_generations cover a whole step")
+    return {**options, "enable_gradient_accumulation": True}
+
+
 def build_plugin(name: str, options: Optional[Dict[str, Any]] = None) -> Any:
     """A colossalai plugin instance for an already resolved ``(name, options)``; needs the process group."""
     if name not in PLUGINS:
