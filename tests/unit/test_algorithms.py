@@ -96,7 +96,30 @@ REWARDS = T([1.0, 0.0, 0.0, 1.0, 2.0, 4.0, 6.0, 8.0])  # two groups of G = 4
 ])
 def test_group_advantage(algo, expected):
     close(alg.group_advantage(REWARDS, 4, algo), expected)
-    close(alg.get("advantage", algo)(_inputs(REWARDS, 4), None).advantages, [[e] for e in expected])
+    if algo != "REINFORCE_PPB":  # which whitens them (below)
+        close(alg.get("advantage", algo)(_inputs(REWARDS, 4), None).advantages, [[e] for e in expected])
+
+
+def test_reinforce_ppb_whitens_without_a_reference_model_too():
+    params = type("P", (), {"beta": 0.5})
+    mask = T([[1.0, 1.0, 0.0]] * 4 + [[1.0, 1.0, 1.0]] * 4)
+    out = alg.get("advantage", "reinforce_ppb")(alg.AdvantageInputs(REWARDS, 4, mask, torch.zeros(8, 3)), params)
+    centred = T([0.5, -0.5, -0.5, 0.5, -3.0, -1.0, 1.0, 3.0]).unsqueeze(1).expand(8, 3)
+    valid = centred[mask.bool()]  # the tokens: mean and population variance over them
+    expected = (centred - valid.mean()) / torch.sqrt(valid.var(unbiased=False) + 1e-8) * mask
+    torch.testing.assert_close(out.advantages, expected)
+    assert out.advantages.shape == (8, 3)
+
+
+def test_whitening_over_ranks_uses_the_statistics_of_the_whole_batch():
+    """Rank 0 holds the first half of a batch; the all-reduce adds rank 1's sum, sum of squares and count."""
+    x = T([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [0.5, 9.0, -2.0], [7.0, 1.0, 1.0]])
+    mask = T([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 1, 1]], dtype=torch.bool)
+    other_valid = x[2:][mask[2:]]
+    other = torch.tensor([other_valid.sum(), (other_valid ** 2).sum(), other_valid.numel()], dtype=torch.float64)
+    got = alg.whiten_over_ranks(x[:2], mask[:2], all_reduce=lambda stats: stats + other)
+    torch.testing.assert_close(got, alg.whiten(x, mask)[:2])
+    assert not torch.allclose(got, alg.whiten(x[:2], mask[:2])), "the half's own statistics differ"
 
 
 def test_reinforce_ppb_folds_the_kl_into_whitened_advantages():
@@ -302,3 +325,18 @@ def test_value_loss_by_hand():
     close(alg.value_loss(v, old, ret, clip_eps=1.0), 0.5 * (1.0 + 1.0) / 2)
     with pytest.raises(ValueError, match="one shape"):
         alg.value_loss(v, old, ret[:1])
+
+
+@pytest.mark.parametrize("aggregation", ["sample_level", "token_level"])
+def test_an_infinite_log_ratio_on_a_dropped_sample_leaves_loss_and_gradient_finite(aggregation):
+    """A -inf behaviour log-prob on a sample the loss mask drops: exp(inf) * 0 would be NaN, and the gradient
+    all-reduce would spread it to every rank. The log-ratio is clamped to [-20, 20] before the exp."""
+    logp = torch.full((2, 3), -1.0, requires_grad=True)
+    old = torch.full((2, 3), -1.0)
+    old[1, 0] = float("-inf")
+    loss, stats = alg.policy_loss(logp, old, T([[1.0], [-1.0]]), torch.ones(2, 3), aggregation=aggregation,
+                                  loss_mask=T([1.0, 0.0]))
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad).all(), (loss, logp.grad)
+    assert stats["ratio_max"] == pytest.approx(math.exp(20.0), rel=1e-5)
+    torch.testing.assert_close(logp.grad[1], torch.zeros(3))

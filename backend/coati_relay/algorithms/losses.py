@@ -10,6 +10,9 @@ from coati_relay.algorithms.masked import masked_mean, masked_sum
 from coati_relay.algorithms.registry import register
 
 AGGREGATIONS = ("sample_level", "token_level")
+# Bound on |logp - old_logp| before the exp: an inf there (a -inf behaviour log-prob of a sample the loss mask
+# drops) would give inf * 0 = NaN in the loss, and the gradient all-reduce would carry it to every rank.
+LOG_RATIO_LIMIT = 20.0
 
 
 def _check_policy_inputs(logp, old_logp, advantages, mask, per_token_kl, beta, loss_mask, aggregation,
@@ -45,7 +48,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
     logp, old_logp: [B,T] current and behaviour log-probs; advantages: [B], [B,1] or [B,T] (broadcast over T);
     mask: [B,T] valid actions (None: all); per_token_kl: [B,T]; loss_mask: [B] samples kept (None: all).
-      ratio  = exp(logp - old_logp)                              (1 on masked positions)
+      ratio  = exp(clamp(logp - old_logp, -20, 20))              (1 on masked positions)
       l_t    = -min(ratio * A, clamp(ratio, 1 - eps_low, 1 + eps_high) * A) + beta * kl_t
       sample_level: sum_b( loss_mask_b * sum_t(l_t m_t) / (sum_t m_t + 1e-8) ) / num_samples
       token_level:  sum_b( loss_mask_b * sum_t(l_t m_t) ) / (total_tokens + 1e-8)
@@ -65,7 +68,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     valid = m.bool()
     adv = advantages.detach()
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv
-    log_ratio = torch.where(valid, logp - old_logp.detach(), torch.zeros_like(logp))
+    log_ratio = torch.where(valid, (logp - old_logp.detach()).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT),
+                            torch.zeros_like(logp))
     ratio = log_ratio.exp()
     surr1 = ratio * adv
     surr2 = ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high) * adv
