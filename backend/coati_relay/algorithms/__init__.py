@@ -8,11 +8,12 @@ from coati_relay.algorithms.advantages import gae, group_advantage, kl_folded_ad
 from coati_relay.algorithms.estimators import AdvantageInputs, Advantages
 from coati_relay.algorithms.kl import kl_estimate, kl_k1, kl_k2, kl_k3, token_level_rewards
 from coati_relay.algorithms.losses import policy_loss, value_loss
-from coati_relay.algorithms.masked import masked_mean, masked_sum, masked_var, whiten
+from coati_relay.algorithms.masked import masked_mean, masked_sum, masked_var, whiten, whiten_over_ranks
 from coati_relay.algorithms.registry import KINDS, AlgorithmSpec, get, names, register, spec, unregister
 
 __all__ = [
     "KINDS", "AdvantageInputs", "Advantages", "AlgorithmSpec", "gae", "get", "group_advantage", "kl_estimate",
     "kl_folded_advantages", "kl_k1", "kl_k2", "kl_k3", "masked_mean", "masked_sum", "masked_var", "names",
     "policy_loss", "register", "spec", "token_level_rewards", "unregister", "value_loss", "whiten",
+    "whiten_over_ranks",
 ]

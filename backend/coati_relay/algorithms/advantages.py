@@ -3,15 +3,15 @@
 - `group_advantage`: group-relative baselines over the G responses of each prompt (grpo, dapo, rloo,
   reinforce_pp / reinforce_ppb), computed on the raw reward.
 - `gae`: generalised advantage estimation over per-token rewards and values (PPO with a critic).
-- `kl_folded_advantages`: REINFORCE++'s KL penalty folded into the advantages.
+- `kl_folded_advantages`: REINFORCE++'s KL penalty folded into the advantages, whitened over the global batch.
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
-from coati_relay.algorithms.masked import whiten
+from coati_relay.algorithms.masked import whiten_over_ranks
 
 GROUP_ALGOS = ("grpo", "dapo", "rloo", "reinforce_pp", "reinforce_ppb")
 
@@ -48,16 +48,21 @@ def group_advantage(rewards: torch.Tensor, group_size: int, algo: str, eps: floa
     return adv.reshape(-1)
 
 
-def kl_folded_advantages(advantages: torch.Tensor, per_token_kl: torch.Tensor, mask: torch.Tensor,
-                         beta: float) -> torch.Tensor:
-    """REINFORCE++ with a KL penalty: ``whiten(A - beta * kl, mask)`` over the whole micro-batch.
+def kl_folded_advantages(advantages: torch.Tensor, per_token_kl: Optional[torch.Tensor], mask: torch.Tensor,
+                         beta: float, all_reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+                         ) -> torch.Tensor:
+    """REINFORCE++ (baseline) advantages: ``whiten(A - beta * kl, mask)``, ``whiten(A, mask)`` without a KL, with
+    the mean and variance of the global batch: ``all_reduce`` sums the statistics over the data-parallel ranks
+    (`whiten_over_ranks`; None: this batch alone).
 
     advantages: [B,1] or [B,T]; per_token_kl, mask: [B,T]. Returns [B,T], 0 on masked positions. The KL term is
     then left out of the loss (pass ``beta=0`` to ``policy_loss``).
     """
-    if per_token_kl.shape != mask.shape:
-        raise ValueError(f"per_token_kl {tuple(per_token_kl.shape)} and mask {tuple(mask.shape)} must match")
-    return whiten(advantages - beta * per_token_kl, mask)
+    if per_token_kl is not None:
+        if per_token_kl.shape != mask.shape:
+            raise ValueError(f"per_token_kl {tuple(per_token_kl.shape)} and mask {tuple(mask.shape)} must match")
+        advantages = advantages - beta * per_token_kl
+    return whiten_over_ranks(advantages, mask, all_reduce or (lambda stats: stats))
 
 
 def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,

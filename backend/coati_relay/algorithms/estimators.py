@@ -7,8 +7,9 @@ tokens.
 
 - ``grpo``, ``dapo``: ``(r - mean_g) / (std_g + eps)`` per group; [N, 1]. DAPO differs only in its defaults.
 - ``rloo``: r minus the mean of the other G - 1 rewards; [N, 1].
-- ``reinforce_ppb``: ``r - mean_g``, then (with a reference model) ``whiten(A - beta * k3)``; [N, R]; the KL is in
-  the advantages, not in the loss.
+- ``reinforce_ppb``: ``r - mean_g``, minus ``beta * k3`` with a reference model, whitened over the valid tokens of
+  the global batch (every data-parallel rank's: a collective); [N, R]; the KL is in the advantages, not in the
+  loss.
 - ``ppo``: per-token rewards ``-kl_coef * k1`` plus r on the last token, GAE over the critic's values (whitened when
   ``normalize_advantages``); advantages and returns [N, R].
 """
@@ -68,11 +69,13 @@ def rloo(inputs: AdvantageInputs, params: Any) -> Advantages:
 
 @register("advantage", "reinforce_ppb", spec=AlgorithmSpec(kl_in_loss=False))
 def reinforce_ppb(inputs: AdvantageInputs, params: Any) -> Advantages:
+    from coati_relay.training.distributed import all_reduce_sum
+
     advantages = group_advantage(inputs.rewards, inputs.group_size, "reinforce_pp").unsqueeze(1)
+    kl = None
     if inputs.ref_logprobs is not None:
         kl = kl_estimate(inputs.logprobs, inputs.ref_logprobs, kind="k3")
-        advantages = kl_folded_advantages(advantages, kl, inputs.mask, params.beta)
-    return Advantages(advantages)
+    return Advantages(kl_folded_advantages(advantages, kl, inputs.mask, params.beta, all_reduce=all_reduce_sum))
 
 
 @register("advantage", "ppo", spec=AlgorithmSpec(needs_critic=True, kl_weight_key="kl_coef", kl_in_loss=False,

@@ -5,7 +5,7 @@ mask), so padded positions never enter a sum, a mean or a variance.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -51,3 +51,21 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tens
     x_b, m = _broadcast(x, mask)
     mean = masked_mean(x_b, m, eps=eps)
     return (x_b - mean) * torch.rsqrt(masked_var(x_b, m, eps=eps) + eps) * m
+
+
+def whiten_over_ranks(x: torch.Tensor, mask: torch.Tensor, all_reduce: Callable[[torch.Tensor], torch.Tensor],
+                      eps: float = 1e-8) -> torch.Tensor:
+    """`whiten` with the mean and population variance of the valid entries of every data-parallel rank's ``x``.
+
+    all_reduce: sums a float64 tensor [3] (sum, sum of squares, count of this rank's valid entries) over the ranks
+    (`coati_relay.training.distributed.all_reduce_sum`; the identity for one rank, which gives `whiten`). A
+    collective: every rank calls it. x: [B,T] (any shape), mask: broadcastable to x. Returns x's shape; masked
+    positions are 0.
+    """
+    x_b, m = _broadcast(x, mask)
+    x64, m64 = x_b.double(), m.double()
+    total, total_sq, count = all_reduce(torch.stack([(x64 * m64).sum(), (x64 * x64 * m64).sum(), m64.sum()]))
+    mean = total / (count + eps)
+    var = (total_sq / (count + eps) - mean * mean).clamp(min=0.0)
+    return ((x64 - mean) * torch.rsqrt(var + eps) * m64).to(x_b.dtype)
+
