@@ -61,6 +61,7 @@ def _run(cfg: RunConfig, start_round: int) -> Any:
     from coati_relay.launch import RunResult
     from coati_relay.metrics import MetricsLogger, ProgressBar, run_summary
     from coati_relay.producer import ProducerWorker
+    from coati_relay.trackers import open_run_trackers
 
     t_start = time.perf_counter()
     cfg.checkpointing.run_dir.mkdir(parents=True, exist_ok=True)
@@ -77,7 +78,8 @@ def _run(cfg: RunConfig, start_round: int) -> Any:
         if start_round:  # the engine loaded the initial checkpoint; the consumer resumed from a later one
             consumer.publisher.publish(start_round, tensors=consumer.policy.state_dict_for_inference())
     setup_s = time.perf_counter() - t_start
-    logger = MetricsLogger(cfg.checkpointing.run_dir, drop_after=start_round if start_round else None)
+    logger = MetricsLogger(cfg.checkpointing.run_dir, drop_after=start_round if start_round else None,
+                           trackers=open_run_trackers(cfg))
     bar = ProgressBar(cfg.total_rounds, desc=f"{cfg.core_algo} {cfg.project_name}", enabled=cfg.progress)
     history: List[Dict[str, Any]] = []
     counters = {"produced": 0, "consumed": 0, "dropped": 0, "in_flight": 0, "produced_samples": 0,
@@ -102,6 +104,7 @@ def _run(cfg: RunConfig, start_round: int) -> Any:
             bar.update(int(metrics["step"]) - 1, numbers)
     finally:
         bar.close()
+        logger.close()
         producer.backend_close()
     summary = run_summary(logger.history)
     summary["setup_s"] = setup_s

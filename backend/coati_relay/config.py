@@ -264,11 +264,16 @@ def build_run_config(
     run_dir: Optional[str] = None, resume_from: Optional[str] = None, on_producer_failure: str = "fail",
     timeout_s: float = 300.0, seed: int = 42, progress: bool = True, weight_sync: str = "object_store",
     placement_strategy: str = "PACK", placement_timeout_s: float = 30.0,
-    role_resources: Optional[Dict[str, Dict[str, float]]] = None, colocate: bool = False, **ignored: Any,
+    role_resources: Optional[Dict[str, Dict[str, float]]] = None, colocate: bool = False,
+    report_to: Optional[List[str]] = None, **ignored: Any,
 ) -> RunConfig:
-    """Checks every launch parameter and the constraints between them; raises one `ConfigError` listing all."""
+    """Checks every launch parameter and the constraints between them; raises one `ConfigError` listing all.
+
+    ``report_to``: experiment trackers besides ``metrics.jsonl``, a list of "tensorboard", "wandb" (W&B project
+    ``project_name``) or "none" (`coati_relay.trackers`)."""
     errors: List[str] = []
     _check_launch_keys(errors, ignored)
+    trackers = _report_to(errors, report_to)
     _positive_int(errors, "save_interval", save_interval)
     tdc = _dict(errors, "train_dataset_config", train_dataset_config)
     imc = _dict(errors, "inference_model_config", inference_model_config)
@@ -309,7 +314,17 @@ def build_run_config(
         raise ConfigError("invalid launch configuration:\n  - " + "\n  - ".join(errors))
     return RunConfig(roles=roles, batches=batches, models=models, data=data, sampling=sampling, plugin=plugin,
                      checkpointing=checkpointing, core_algo=core_algo, algo=algo, reward=reward, project_name=name,
-                     seed=seed, progress=progress, user_code=user_code)
+                     report_to=trackers, seed=seed, progress=progress, user_code=user_code)
+
+
+def _report_to(errors: List[str], report_to: Any) -> Tuple[str, ...]:
+    from coati_relay.trackers import check_report_to
+
+    try:
+        return check_report_to(report_to)
+    except ValueError as exc:
+        errors.append(str(exc))
+        return ()
 
 
 def _run_settings(errors: List[str], seed: Any, progress: Any, project_name: Any, save_interval: int, run_dir: Any,

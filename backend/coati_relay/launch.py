@@ -99,6 +99,7 @@ def run(cfg: RunConfig) -> RunResult:
     from coati_relay.placement import on_head_node
     from coati_relay.producer import ProducerWorker
     from coati_relay.rollout_queue import make_rollout_queue
+    from coati_relay.trackers import open_run_trackers
     from coati_relay.weight_sync import make_weight_store
 
     t_start = time.perf_counter()
@@ -108,6 +109,7 @@ def run(cfg: RunConfig) -> RunResult:
         ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": ACTOR_ENV})
     pg, opts = _place(cfg)
     started: List[Any] = []  # every actor of this run; all are killed on the way out, whatever the way
+    logger = None
     try:
         producer_opts, consumer_opts = opts[:cfg.roles.num_producers], opts[cfg.roles.num_producers:]
         cfg.checkpointing.run_dir.mkdir(parents=True, exist_ok=True)
@@ -138,7 +140,8 @@ def run(cfg: RunConfig) -> RunResult:
         nodes.update(zip(("rollout-queue", "weight-store"), ray.get([queue.node.remote(), store.node.remote()],
                                                                      timeout=30)))
         setup_s = time.perf_counter() - t_start
-        logger = MetricsLogger(cfg.checkpointing.run_dir, drop_after=start_round if start_round else None)
+        logger = MetricsLogger(cfg.checkpointing.run_dir, drop_after=start_round if start_round else None,
+                               trackers=open_run_trackers(cfg))
         bar = ProgressBar(cfg.total_rounds, desc=f"{cfg.core_algo} {cfg.project_name}", enabled=cfg.progress)
         run_refs = {c.run.remote(): c for c in consumers}
         run_refs.update({p.run.remote(): p for p in producers})
@@ -156,6 +159,8 @@ def run(cfg: RunConfig) -> RunResult:
         log.warning("interrupted: stopping the run's %d actors and releasing its placement group", len(started))
         raise
     finally:
+        if logger is not None:
+            logger.close()
         for actor in started:
             ray.kill(actor, no_restart=True)
         remove_placement_group(pg)

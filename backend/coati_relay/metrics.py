@@ -77,11 +77,14 @@ class MetricsLogger:
 
     An existing file is continued (a resumed run); `history` starts with its records. ``drop_after``: the step a
     resumed run restarts from; records of later steps describe work its checkpoint does not hold (the run was
-    killed after them), so they are removed from the file and each step is logged once.
+    killed after them), so they are removed from the file and each step is logged once. ``trackers``
+    (`coati_relay.trackers.Trackers`): each step's metrics go to them too, after the file; `close` closes them.
     """
 
-    def __init__(self, run_dir: Union[str, os.PathLike], drop_after: Optional[int] = None):
+    def __init__(self, run_dir: Union[str, os.PathLike], drop_after: Optional[int] = None,
+                 trackers: Optional[Any] = None):
         self.run_dir = Path(run_dir)
+        self.trackers = trackers
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
         self._history: List[Dict[str, Any]] = read_metrics(self.run_dir) if self.path.is_file() else []
@@ -119,7 +122,14 @@ class MetricsLogger:
             f.write(line + "\n")
         record = {k: (v if not isinstance(v, float) or math.isfinite(v) else math.nan) for k, v in record.items()}
         self._history.append(record)
+        if self.trackers:
+            self.trackers.log(step, {k: v for k, v in record.items() if k not in _RESERVED})
         return record
+
+    def close(self) -> None:
+        """Closes the trackers (the file is closed after every line)."""
+        if self.trackers:
+            self.trackers.close()
 
 
 def _fmt_number(value: float) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from coati_relay.config_algorithm import AlgorithmConfig
 from coati_relay.inference.base import SamplingConfig
@@ -109,6 +109,7 @@ class RunConfig:
     algo: AlgorithmConfig
     reward: Union[str, Callable]
     project_name: str = "coati-relay"
+    report_to: Tuple[str, ...] = ()  # experiment trackers besides metrics.jsonl (`coati_relay.trackers`)
     seed: int = 42
     progress: bool = True
     user_code: UserCode = field(default_factory=UserCode)

@@ -225,6 +225,9 @@ BAD = [
      ["both 'path' and 'prompts'"]),
     ("dataset-max-length-zero", lambda f: {"train_dataset_config": {"path": f["data"], "max_length": 0}},
      ["train_dataset_config['max_length']"]),
+    ("report-to-unknown", lambda f: {"report_to": ["tensorboard", "mlflow"]},
+     ["report_to", "['mlflow']", "['tensorboard', 'wandb', 'none']"]),
+    ("report-to-none-and-tracker", lambda f: {"report_to": ["none", "wandb"]}, ["report_to", "'none' alone"]),
 ]
 
 
@@ -254,6 +257,11 @@ def test_validation_starts_no_actor(files):
     with pytest.raises(ConfigError):
         build_run_config(**good(files, num_producers=0))
     assert ray.is_initialized() == was
+
+
+def test_report_to_defaults_to_the_jsonl_only(files):
+    assert build_run_config(**good(files)).report_to == ()
+    assert build_run_config(**good(files, report_to="wandb")).report_to == ("wandb",)
 
 
 def test_ppo_allows_one_generation_and_gets_a_critic(files):

@@ -1,0 +1,141 @@
+"""``report_to``: a GRPO run's TensorBoard events and offline W&B run hold every step's metrics, value for value as in
+``metrics.jsonl``; trackers that break change nothing about the run."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict
+
+import pytest
+import torch
+from run_helpers import run_kwargs
+
+pytestmark = pytest.mark.slow
+
+Steps = Dict[int, Dict[str, Any]]
+
+
+def colocated_run(model, data, run_dir, **over):
+    """Three rounds of the toy GRPO task in one process (8 prompts x 4 responses a round), with a KL term."""
+    from coati_relay import launch_distributed
+
+    kw = run_kwargs(model, data, run_dir, "GRPO", "transformers", rounds=3, num_producers=1, num_consumer_procs=1,
+                    inference_batch_size=8, train_batch_size=8, colocate=True, save_interval=3, **over)
+    kw["grpo_config"] = {**kw["grpo_config"], "beta": 0.04}
+    return launch_distributed(**kw)
+
+
+def jsonl_steps(run_dir: Path) -> Steps:
+    """step -> {metric: value} of ``metrics.jsonl`` (read as JSON, not with the engine's reader)."""
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        out[record["step"]] = {k: math.nan if v is None else v for k, v in record.items() if k not in ("step", "time")}
+    return out
+
+
+def tensorboard_steps(log_dir: Path) -> Steps:
+    """step -> {tag: value} of the scalars in the event files under ``log_dir``, read by tensorboard's reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
+    acc.Reload()
+    out: Steps = {}
+    for tag in acc.Tags()["tensors"]:
+        for event in acc.Tensors(tag):
+            value = tensor_util.make_ndarray(event.tensor_proto)
+            if value.dtype.kind == "f":  # the run config is a text tensor
+                assert tag not in out.get(event.step, {}), f"{tag} logged twice at step {event.step}"
+                out.setdefault(event.step, {})[tag] = value.item()
+    return out
+
+
+def wandb_records(wandb_dir: Path) -> list:
+    """The records of the one offline W&B run under ``wandb_dir``, as ``wandb leet inspect --json`` prints them."""
+    runs = sorted(wandb_dir.glob("offline-run-*"))
+    assert len(runs) == 1, f"expected one offline W&B run in {wandb_dir}, found {runs}"
+    cli = Path(sys.executable).with_name("wandb")
+    text = subprocess.run([str(cli), "leet", "inspect", "--json", str(runs[0])], capture_output=True, text=True,
+                          check=True, timeout=120).stdout
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def wandb_steps(records: list) -> Steps:
+    out: Steps = {}
+    for rec in records:
+        if rec["type"] == "history":
+            item = rec["history"]["item"]
+            step = rec["history"]["step"]["num"]
+            assert step not in out, f"W&B history has step {step} twice"
+            out[step] = {k: (math.nan if v == "NaN" else v) for k, v in item.items() if not k.startswith("_")}
+    return out
+
+
+def same(got: Steps, want: Steps) -> bool:
+    return got.keys() == want.keys() and all(
+        got[s].keys() == want[s].keys()
+        and all(g == w or (math.isnan(g) and math.isnan(w)) for g, w in ((got[s][k], want[s][k]) for k in want[s]))
+        for s in want)
+
+
+def test_grpo_run_writes_tensorboard_and_offline_wandb_equal_to_the_jsonl(tiny_model_path, data, tmp_path,
+                                                                           monkeypatch, caplog):
+    """No W&B login here (no key, no netrc, no WANDB_MODE): the run goes offline by itself, under run_dir/wandb."""
+    for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    run_dir = tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="coati_relay.trackers"):
+        colocated_run(tiny_model_path, data, run_dir, report_to=["tensorboard", "wandb"], project_name="toy trackers")
+    assert not [r.getMessage() for r in caplog.records if r.name == "coati_relay.trackers"], "no tracker failed"
+    want = jsonl_steps(run_dir)
+    assert sorted(want) == [1, 2, 3] and {"reward", "loss", "grad_norm", "kl", "response_length",
+                                          "samples_per_s", "generate_s", "train_s"} <= set(want[1])
+    tensorboard = tensorboard_steps(run_dir / "tensorboard")
+    assert same(tensorboard, want), f"TensorBoard {tensorboard} != metrics.jsonl {want}"
+    records = wandb_records(run_dir / "wandb")
+    history = wandb_steps(records)
+    assert same(history, want), f"W&B history {history} != metrics.jsonl {want}"
+    run, = [r["run"] for r in records if r["type"] == "run"]
+    assert run["project"] == "toy_trackers" and run["telemetry"]["feature"]["offline"]
+    configs = [r["config"]["update"] for r in records if r["type"] == "config" and "core_algo" in r["config"]["update"]]
+    assert len(configs) == 1, "the run config is logged once"
+    assert configs[0]["core_algo"] == "GRPO" and configs[0]["batches"]["num_generations"] == 4
+
+
+def repeatable(metrics: Dict[str, Any]) -> Dict[str, Any]:
+    """What a seeded run repeats exactly: every metric but the timings (and the checkpoint's path)."""
+    return {k: v for k, v in metrics.items() if not (k.endswith("_s") or k in ("samples_per_s", "checkpoint"))}
+
+
+def test_broken_trackers_leave_the_run_and_its_jsonl_unchanged(tiny_model_path, data, tmp_path, monkeypatch,
+                                                               caplog):
+    """W&B not installed (its import fails) and a TensorBoard writer whose disk is full: each warns once, naming the
+    tracker and the fix; the run trains, checkpoints and logs exactly as without trackers."""
+    from coati_relay import trackers
+
+    plain = colocated_run(tiny_model_path, data, tmp_path / "plain")
+
+    def disk_full(self, step, metrics):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
+    monkeypatch.setattr(trackers.TensorBoardTracker, "log", disk_full)
+    with caplog.at_level(logging.WARNING, logger="coati_relay.trackers"):
+        broken = colocated_run(tiny_model_path, data, tmp_path / "broken", report_to=["tensorboard", "wandb"])
+    warned = [r.getMessage() for r in caplog.records if r.name == "coati_relay.trackers"]
+    assert len(warned) == 2, warned
+    assert "'wandb'" in warned[0] and "ModuleNotFoundError" in warned[0] and "Fix: pip install wandb" in warned[0]
+    assert "'tensorboard'" in warned[1] and "No space left" in warned[1] and "free space" in warned[1]
+    want = {s: repeatable(m) for s, m in jsonl_steps(tmp_path / "plain").items()}
+    assert same({s: repeatable(m) for s, m in jsonl_steps(tmp_path / "broken").items()}, want)
+    assert same(dict(enumerate(map(repeatable, broken.history))), dict(enumerate(map(repeatable, plain.history))))
+    ours, theirs = (torch.load(Path(r.checkpoints[-1]) / "policy" / "model.pt", map_location="cpu")
+                    for r in (broken, plain))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
