@@ -48,6 +48,12 @@ WORKER = textwrap.dedent("""
         saved = {k: v["exp_avg"].clone() for k, v in optim.state_dict()["state"].items()}
         strategy.save_optimizer(optim, f"{ckpt}/optim-r{rank}.pt")
         strategy.save_optimizer(optim, f"{ckpt}/optim.pt")
+        # Rank-distinct weights (DDP left them equal): rank r holds trained + r + 1, so a load shows whose file it read.
+        params = list(strategy.unwrap_model(actor).parameters())
+        with torch.no_grad():
+            trained = [p.detach().clone() for p in params]
+            for p in params:
+                p.add_(rank + 1)
         strategy.save_model(actor, f"{ckpt}/model.pt")
         strategy.save_model(actor, f"{ckpt}/model-r{rank}.pt", only_rank0=False)
         os.environ["COATI_RELAY_LEGACY_NAMES"] = "final"
@@ -61,9 +67,15 @@ WORKER = textwrap.dedent("""
                 state["exp_avg"].zero_()
             strategy.load_optimizer(optim, f"{ckpt}/{name}")
             loaded[name] = all(torch.equal(optim.state_dict()["state"][k]["exp_avg"], v) for k, v in saved.items())
-        strategy.load_model(actor, f"{ckpt}/model.pt", strict=True)
-        strategy.load_model(actor, f"{ckpt}/model-r{rank}.pt", strict=True)
-        result = dict(rows=rows, files=sorted(os.listdir(ckpt)), loaded=loaded,
+        model_read = {}  # file -> the ranks whose weights the model holds after loading it (weights zeroed first)
+        for name in ("model.pt", f"model-r{rank}.pt"):
+            with torch.no_grad():
+                for p in params:
+                    p.zero_()
+            strategy.load_model(actor, f"{ckpt}/{name}", strict=True)
+            model_read[name] = [r for r in range(world)
+                                if all(torch.equal(p, t + (r + 1)) for p, t in zip(params, trained))]
+        result = dict(rows=rows, files=sorted(os.listdir(ckpt)), loaded=loaded, model_read=model_read,
                       own_file=all(torch.equal(own["state"][k]["exp_avg"], v) for k, v in saved.items()))
         dist.barrier()
         with open(f"{results}/rank{rank}.json", "w") as f:
@@ -112,3 +124,11 @@ def test_optimizer_files_per_rank_and_shared_load_back_on_every_rank(ranks):
     files = ranks[0]["files"]
     assert {"optim-r0.pt", "optim-r1.pt", "optim.pt", "model.pt", "model-r0.pt", "model-r1.pt",
             "optim-final"} == set(files)  # one model.pt from rank 0; no temporary files left
+
+
+@pytest.mark.slow
+def test_model_files_hold_their_ranks_weights(ranks):
+    """The ranks' weights differ before saving (rank r: trained + r + 1): ``model.pt`` (rank 0 writes) loads rank 0's
+    weights on every rank, and ``model-r{r}.pt`` (``only_rank0=False``) loads rank r's own."""
+    for rank, result in enumerate(ranks):
+        assert result["model_read"] == {"model.pt": [0], f"model-r{rank}.pt": [rank]}, f"rank {rank}"
