@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from coati_relay import algorithms
 from coati_relay.config_algorithm import build_algorithm
 from coati_relay.config_colocate import check_colocate
+from coati_relay.config_inference import follow_training_precision
 from coati_relay.config_keys import (
     IGNORED_LAUNCH_KEYS,
     IGNORED_SECTION_KEYS,
@@ -303,6 +304,8 @@ def build_run_config(
                       "unwrapped model, whose parameters Gemini shards across ranks; use plugin 'zero2' or 'ddp' "
                       "for LoRA runs")
     roles = replace(roles, colocate=check_colocate(errors, colocate, roles, models, plugin))
+    models = replace(models, inference_model_kwargs=follow_training_precision(
+        roles.inference_backend, models.inference_model_kwargs, plugin.name, plugin.options, roles.colocate))
     if max_norm is not None and algo is not None and algo.max_grad_norm is None:
         algo = replace(algo, max_grad_norm=max_norm)
     name, checkpointing = _run_settings(errors, seed, progress, project_name, save_interval, run_dir, save_dir,

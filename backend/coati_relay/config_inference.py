@@ -175,3 +175,28 @@ def check_inference_config(errors: List[str], backend: str, imc: Mapping[str, An
 
         out["dtype"] = getattr(torch, out["dtype"])
     return out
+
+
+def follow_training_precision(backend: str, engine_kwargs: Mapping[str, Any], plugin: str,
+                              plugin_options: Mapping[str, Any], colocate: bool) -> Dict[str, Any]:
+    """``engine_kwargs`` with the engine's ``dtype`` set to the consumers' compute dtype where the user set none
+    (`training.plugins.precision_dtype`: bf16 under the default zero2 and gemini), so that the behaviour log-probs
+    and the policy's agree at the first step (ratio 1). A colocated transformers producer generates with the
+    training model itself and is left alone."""
+    from coati_relay.training.plugins import PLUGINS, precision_dtype
+
+    out = dict(engine_kwargs)
+    if "dtype" in out or plugin not in PLUGINS or backend not in BACKEND_KEYS or (
+            colocate and backend == "transformers"):
+        return out
+    name = precision_dtype(plugin, dict(plugin_options))
+    if name == "float32":  # both engines' own default
+        return out
+    if backend == "transformers":
+        import torch
+
+        out["dtype"] = getattr(torch, name)
+    else:
+        out["dtype"] = name
+    return out
+

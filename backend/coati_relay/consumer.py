@@ -34,7 +34,7 @@ from coati_relay.placement import node_id
 from coati_relay.rollout import Rollout
 from coati_relay.run_config import Batches, RunConfig
 from coati_relay.training.distributed import all_reduce_sum
-from coati_relay.training.plugins import with_accumulation
+from coati_relay.training.plugins import precision_dtype, with_accumulation
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,10 @@ class ConsumerWorker:
         if critic is not None:
             self.critic = TrainingBackend(critic, lr=a.critic_lr, **common)
             self.backends["critic"] = self.critic
-        self.reference = None if reference is None else reference.to(self.device).eval().requires_grad_(False)
+        self.reference = None
+        if reference is not None:  # in the policy's compute dtype: both give the same log-probs at the first step
+            dtype = getattr(torch, precision_dtype(self.policy.plugin_name, cfg.plugin.options))
+            self.reference = reference.to(self.device, dtype=dtype).eval().requires_grad_(False)
         s = cfg.sampling
         # A truncated sampler (top-k/top-p) reports the log-probs of the renormalised truncated distribution; the
         # losses need the full one's, so train_round recomputes them.
@@ -304,6 +307,7 @@ class ConsumerWorker:
             batch.rewards.float(), batch.response_lengths)
         g = batch.group_size
         stats: Dict[str, float] = {"reward": rewards.mean().item(), "response_length": lengths.float().mean().item()}
+        self._eval_mode()  # no dropout in the old log-probs and values; `_optimizer_step` restores train mode
         with torch.no_grad():
             old_logp = behaviour
             if self.recompute_behaviour:
@@ -326,6 +330,11 @@ class ConsumerWorker:
             present = [st[key] for st in step_stats if key in st]
             stats[key] = sum(present) / len(present)
         return self._over_ranks(stats)
+
+    def _eval_mode(self) -> None:
+        self.policy.model.eval()
+        if self.critic is not None:
+            self.critic.model.eval()
 
     def _logprobs(self, model, seq, attn, num_resp) -> torch.Tensor:
         """[N, R] log-probs of the policy (``self.policy.model``) or the reference model; the samples of a group

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from train_round_helpers import BigramLM, TokenCritic, make_config
+from train_round_helpers import BigramLM, TokenCritic, make_config, make_rollout
 
 from coati_relay.consumer import ConsumerWorker
 from coati_relay.run_config import Plugin
@@ -29,7 +29,7 @@ class RecordedBackend:
     def __init__(self, model, lr, **kwargs):
         self.made.append(kwargs)
         self.device = torch.device("cpu")
-        self.compute_dtype = torch.bfloat16
+        self.plugin_name = kwargs["plugin"]
 
 
 @pytest.mark.parametrize("microbatch, accumulates", [(2, True), (8, False)])
@@ -43,3 +43,73 @@ def test_gemini_gets_gradient_accumulation_when_the_consumer_accumulates(paths, 
     for kw in RecordedBackend.made:
         expected = {"precision": "bf16", **({"enable_gradient_accumulation": True} if accumulates else {})}
         assert kw["plugin_options"] == expected
+
+
+@pytest.mark.parametrize("plugin, options, dtype", [("zero2", {"stage": 2, "precision": "bf16"}, torch.bfloat16),
+                                                    ("gemini", {"precision": "fp16"}, torch.float16),
+                                                    ("ddp", {}, torch.float32)])
+def test_the_reference_model_computes_in_the_training_precision(paths, monkeypatch, plugin, options, dtype):
+    """The plugins run the policy's forward in their precision: a float32 reference would make the KL non-zero at
+    the first step."""
+    cfg = make_config(*paths, beta=0.1)
+    cfg = replace(cfg, plugin=Plugin(plugin, options, allow_cpu_fallback=False))
+    monkeypatch.setattr(booster_backend, "TrainingBackend", RecordedBackend)
+    worker = ConsumerWorker.for_models(cfg, BigramLM(), reference=BigramLM(seed=1))
+    assert worker.reference.table.dtype == dtype and not worker.reference.training
+
+
+@pytest.mark.parametrize("backend, colocate, given, expected", [
+    ("vllm", False, {}, "bfloat16"), ("vllm", True, {}, "bfloat16"), ("vllm", False, {"dtype": "float32"}, "float32"),
+    ("transformers", False, {}, torch.bfloat16), ("transformers", True, {}, None)])
+def test_the_engine_dtype_follows_the_training_precision(paths, monkeypatch, backend, colocate, given, expected):
+    """bf16 plugins (zero2 by default) give a bf16 engine unless the user chose a dtype; a colocated transformers
+    producer generates with the training model itself."""
+    from coati_relay.config import build_run_config
+    from coati_relay.training import plugins
+
+    monkeypatch.setattr(plugins, "_cuda_available", lambda: True)
+    model, data = paths
+    cfg = build_run_config(
+        num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1, inference_batch_size=8,
+        inference_microbatch_size=2, train_batch_size=2, train_minibatch_size=2,
+        train_dataset_config={"path": data, "max_length": 32}, inference_model_config={"path": model, **given},
+        generate_config={"max_new_tokens": 4}, train_model_config={"path": model}, grpo_config={},
+        plugin_config={"plugin": "zero2"}, inference_backend=backend, num_generations=2, colocate=colocate,
+        progress=False)
+    assert cfg.models.inference_model_kwargs.get("dtype") == expected
+
+
+class ModeRecorder(BigramLM):
+    """A `BigramLM` that records (training mode, gradient enabled) at each forward."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__(seed)
+        self.calls = []
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None):
+        self.calls.append((self.training, torch.is_grad_enabled()))
+        return super().forward(input_ids, attention_mask, position_ids)
+
+
+class CriticModeRecorder(TokenCritic):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def forward(self, input_ids, attention_mask):
+        self.calls.append((self.training, torch.is_grad_enabled()))
+        return super().forward(input_ids, attention_mask)
+
+
+def test_old_logprobs_and_values_are_computed_in_eval_mode_and_the_update_in_train_mode(paths):
+    """Dropout (0.1 in GPT-2 and OPT) must not enter the recomputed old log-probs (top-k sampling) nor the values
+    GAE uses; the update trains with it."""
+    policy, critic = ModeRecorder(), CriticModeRecorder()
+    cfg = make_config(*paths, core_algo="PPO", group_size=2, kl_coef=0.1, generate={"top_k": 4})
+    worker = ConsumerWorker.for_models(cfg, policy, reference=BigramLM(seed=1), critic=critic)
+    rollout = make_rollout([[3, 4], [5]], [[1, 2], [3], [4, 5, 6], [7]], 2, [1.0, 0.0, 0.5, 0.0], policy=BigramLM())
+    for _ in range(2):  # the second round starts where the first round's update left the modes
+        worker.train_round(rollout)
+    for name, calls in (("policy", policy.calls), ("critic", critic.calls)):
+        assert {grad for _, grad in calls} == {True, False}, f"{name}: forwards with and without gradient"
+        assert all(training == grad for training, grad in calls), f"{name} (training, grad) per forward: {calls}"

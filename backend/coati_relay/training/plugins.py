@@ -182,6 +182,24 @@ def resolve_plugin(name: str, options: Optional[Dict[str, Any]] = None, allow_cp
     return name, merged
 
 
+PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def precision_dtype(name: str, options: Optional[Dict[str, Any]] = None) -> str:
+    """The dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``) that plugin ``name`` computes its forward in:
+    ``ddp`` trains the model as it is (float32), the others in their ``precision`` (default: the table's). The
+    reference model and the producers' engine follow it, so that their log-probs match the policy's at the first
+    step."""
+    if name not in PLUGINS:
+        raise ValueError(f"unknown plugin {name!r}; choose one of {sorted(PLUGINS)}")
+    if name == "ddp":
+        return "float32"
+    precision = {**PLUGINS[name].defaults, **(options or {})}.get("precision", "fp32")
+    if precision not in PRECISION_DTYPES:
+        raise ValueError(f"plugin {name!r}: precision must be one of {sorted(PRECISION_DTYPES)}, got {precision!r}")
+    return PRECISION_DTYPES[precision]
+
+
 def with_accumulation(name: str, options: Dict[str, Any], micro_batches: int) -> Dict[str, Any]:
     """The options of plugin ``name`` for optimizer steps of ``micro_batches`` backward passes each.
 
