@@ -1,13 +1,14 @@
 """`coati_relay.prompt_sharing`: the samples of a group share one forward of their prompt, in training
 (`response_logprobs(..., share_prompts=True)`, values and gradients) and in generation (`TransformersBackend`),
-with the numbers of the full forward; and the consumer takes that path for a transformers policy under DDP."""
+with the numbers of the full forward; and the consumer takes that path for a transformers policy under DDP, where
+two gloo ranks step with the gradient of the full forward."""
 from __future__ import annotations
 
 from typing import List
 
 import pytest
 import torch
-from train_round_helpers import make_config, make_rollout
+from train_round_helpers import make_config, make_rollout, record_steps
 
 from coati_relay.logprobs import response_logprobs
 from coati_relay.prompt_sharing import prompt_runs, shared_prompt_logits
@@ -112,3 +113,96 @@ def test_consumer_shares_prompts_for_a_transformers_policy(tiny_model_path, tmp_
     after = list(policy.parameters())
     assert all(torch.isfinite(p).all() for p in after)
     assert any(not torch.equal(a, b) for a, b in zip(before, after))
+
+
+# -- two gloo ranks under torch DDP --------------------------------------------------------------------------------
+WORLD = 2
+TIMEOUT_S = 300
+# A fourth group, so that each rank holds two: rank 0 the first two groups, rank 1 the last two.
+RANK_PROMPTS = [PROMPTS[:2], [PROMPTS[2], [8, 19, 3]]]
+RANK_RESPONSES = [RESPONSES[:6], RESPONSES[6:] + [[4, 4], [9, 1, 2], [13]]]
+RANK_REWARDS = [[1.0, 0.0, 0.5, 0.2, 0.9, 0.0], [1.0, 0.3, 0.0, 0.7, 0.1, 0.4]]
+
+
+def _traced_train_round(worker, batch) -> dict:
+    """Trains ``batch`` on ``worker``; returns the step's gradients and the input shapes of each policy forward."""
+    shapes: List[tuple] = []
+    hook = worker.policy.unwrapped().register_forward_hook(
+        lambda m, args, kwargs, out: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    grads = record_steps(worker)
+    try:
+        worker.train_round(batch)
+    finally:
+        hook.remove()
+    return {"grads": grads, "shapes": shapes, "shares": worker.policy.shares_prompts}
+
+
+def _rank_main(rank: int, port: int, cfg, model_path: str, batches, out_dir: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from coati_relay.consumer import ConsumerWorker
+    from coati_relay.training.distributed import init_process_group
+
+    torch.set_num_threads(1)
+    init_process_group(rank, WORLD, "127.0.0.1", port, backend="gloo", timeout_s=120)
+    policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    worker = ConsumerWorker.for_models(cfg, policy, rank=rank)
+    torch.save(_traced_train_round(worker, batches[rank]), f"{out_dir}/rank{rank}.pt")
+
+
+def _spawn(cfg, model_path: str, batches, out_dir) -> list:
+    import time
+
+    import torch.multiprocessing as mp
+
+    from coati_relay.training.distributed import free_port
+
+    ctx = mp.start_processes(_rank_main, args=(free_port(), cfg, model_path, batches, str(out_dir)), nprocs=WORLD,
+                             join=False, start_method="spawn")
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while not ctx.join(timeout=5):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the {WORLD} ranks did not finish within {TIMEOUT_S} s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
+    return [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD)]
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_sharing_prompts_get_the_gradient_of_the_full_forward(tiny_model_path, tmp_path):
+    """Two gloo ranks under torch DDP, each with two groups, forward with shared prompts (one prompt forward per
+    group); the gradient each rank steps with equals that of one rank running the full forward on all four groups."""
+    from transformers import AutoModelForCausalLM
+
+    from coati_relay.consumer import ConsumerWorker
+    from coati_relay.rollout import Rollout
+    from coati_relay.toy import write_toy_dataset
+
+    data = str(write_toy_dataset(tmp_path / "p.jsonl", num_prompts=16))
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    batches = [make_rollout(p, r, G, w, policy=policy) for p, r, w in zip(RANK_PROMPTS, RANK_RESPONSES, RANK_REWARDS)]
+    ranked = make_config(tiny_model_path, data, consumers=WORLD, train_batch_size=2, group_size=G,
+                         microbatch=2 * G, beta=0.0)
+    ranks = _spawn(ranked, tiny_model_path, batches, tmp_path)
+    for batch, got in zip(batches, ranks):
+        assert got["shares"], "DDP with a transformers policy shares prompts"
+        assert got["shapes"] == [(batch.num_prompts, batch.prompt_ids.size(1) - 1),
+                                 (batch.num_sequences, batch.response_ids.size(1) + 1)], "one forward per prompt"
+
+    whole = Rollout.concat(batches, pad_token_id=0)
+    single = make_config(tiny_model_path, data, train_batch_size=4, group_size=G, microbatch=4 * G, beta=0.0)
+    worker = ConsumerWorker.for_models(single, AutoModelForCausalLM.from_pretrained(tiny_model_path,
+                                                                                    dtype=torch.float32))
+    worker.policy.shares_prompts = False
+    expected = _traced_train_round(worker, whole)
+    assert expected["shapes"] == [tuple(whole.sequences.shape)], "the full forward, every row with its prompt"
+    want = expected["grads"][0]
+    assert max(g.abs().max() for g in want.values()) > 1e-3, "a gradient of zero would prove nothing"
+    for r, got in enumerate(ranks):
+        assert len(got["grads"]) == 1 and got["grads"][0].keys() == want.keys()
+        for name, grad in want.items():
+            torch.testing.assert_close(got["grads"][0][name], grad, rtol=1e-4, atol=1e-6,
+                                       msg=lambda m, r=r, name=name: f"rank {r}, {name}: {m}")
