@@ -126,3 +126,32 @@ def test_gemini_accumulates_when_a_step_has_several_micro_batches():
     assert with_accumulation("zero2", {"stage": 2}, 4) == {"stage": 2}, "LowLevelZero accumulates as it is"
     with pytest.raises(ValueError, match="enable_gradient_accumulation=False with 3 micro-batches"):
         with_accumulation("gemini", {"enable_gradient_accumulation": False}, 3)
+
+
+@pytest.mark.parametrize("name, options, cuda, kind", [
+    ("zero2", {"stage": 2, "precision": "bf16"}, True, "fused_adamw"),   # no build at start-up
+    ("ddp", {}, True, "fused_adamw"),
+    ("hybrid", {"zero_stage": 1, "precision": "bf16"}, True, "fused_adamw"),
+    ("zero2", {"stage": 2, "cpu_offload": True}, True, "hybrid_adam"),   # the optimizer steps on the CPU
+    ("hybrid", {"zero_stage": 2, "cpu_offload": True}, True, "hybrid_adam"),
+    ("gemini", {"precision": "bf16"}, True, "hybrid_adam"),              # Gemini takes ColossalAI's Adam only
+    ("zero2", {"stage": 2}, False, "adamw"),
+    ("ddp", {}, False, "adamw"),
+])
+def test_the_optimizer_is_fused_adamw_on_cuda_unless_the_plugin_needs_hybrid_adam(name, options, cuda, kind):
+    from coati_relay.training.plugins import optimizer_kind
+
+    assert optimizer_kind(name, options, cuda) == kind
+
+
+def test_the_kernel_build_refuses_a_host_without_cuda(monkeypatch, caplog):
+    import torch
+
+    from coati_relay.training import kernels
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        kernels.build_hybrid_adam_kernel()
+    with caplog.at_level("ERROR", logger=kernels.__name__):
+        assert kernels.main() == 1
+    assert "was not built" in caplog.text
