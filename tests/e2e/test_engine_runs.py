@@ -86,14 +86,67 @@ def test_killed_producer_work_moves_to_the_others(ray_cluster, tiny_model_path, 
     assert c["consumed"] == 8 * 2 and c["produced"] == c["consumed"] + c["dropped"] + c["in_flight"]
 
 
-def test_collective_weight_sync(ray_cluster, tiny_model_path, data, tmp_path):
-    """The second WeightSync: consumer rank 0 broadcasts each version over gloo to both producers."""
-    from coati_relay import launch_distributed
+def _recording_roles(out: Path):
+    """A producer that saves its inference model's weights after each load (``producer-<i>-v<version>.pt``) and a
+    consumer whose publisher saves each version it publishes (``published-v<version>.pt``), both into ``out``.
+    Defined here, inside a function, so that Ray ships the classes by value to its actors."""
+    from coati_relay.consumer import ConsumerWorker
+    from coati_relay.producer import ProducerWorker
 
+    class RecordingProducer(ProducerWorker):
+        def _load_version(self, min_version: int, timeout_s: float) -> None:
+            import torch
+
+            super()._load_version(min_version, timeout_s)
+            state = {k: v.detach().clone() for k, v in self.backend.model.state_dict().items()}
+            torch.save(state, out / f"{self.name}-v{self.backend.weight_version}.pt")
+
+    class RecordingConsumer(ConsumerWorker):
+        def _publish(self, version: int):
+            if self.publisher is not None and not hasattr(self.publisher, "unrecorded_publish"):
+                import torch
+
+                publisher = self.publisher
+                publisher.unrecorded_publish = publisher.publish
+
+                def publish(v, tensors=None, **kwargs):
+                    torch.save(tensors, out / f"published-v{v}.pt")
+                    return publisher.unrecorded_publish(v, tensors=tensors, **kwargs)
+
+                publisher.publish = publish
+            return super()._publish(version)
+
+    return RecordingProducer, RecordingConsumer
+
+
+def test_collective_weight_sync(ray_cluster, tiny_model_path, data, tmp_path, monkeypatch):
+    """The second WeightSync: consumer rank 0 broadcasts each version over gloo to both producers. Every version a
+    producer loads holds, value for value, the weights the consumer published as that version."""
+    import torch
+
+    from coati_relay import consumer, launch_distributed, producer
+
+    out = tmp_path / "weights"
+    out.mkdir()
+    recording_producer, recording_consumer = _recording_roles(out)
+    monkeypatch.setattr(producer, "ProducerWorker", recording_producer)
+    monkeypatch.setattr(consumer, "ConsumerWorker", recording_consumer)
     result = launch_distributed(**run_kwargs(tiny_model_path, data, tmp_path / "coll", backend="transformers",
                                              rounds=4, weight_sync="collective"))
     assert [h["version"] for h in result.history] == [1, 2, 3, 4]
     assert all(h["rollout_version_min"] == h["version"] - 1 for h in result.history), "lock-step over broadcasts"
     assert result.history[0]["weight_bytes"] > 0
-    start, end = rose(result.history)
-    assert end > start, "training still moves the reward with broadcast weights"
+
+    published = {int(p.stem.split("-v")[1]): torch.load(p) for p in out.glob("published-v*.pt")}
+    assert sorted(published) == [0, 1, 2, 3, 4]
+    assert any(not torch.equal(published[3][k], v) for k, v in published[0].items()), "training moved the weights"
+    loaded = {}
+    for path in sorted(out.glob("producer-*-v*.pt")):
+        name, version = path.stem.rsplit("-v", 1)
+        got, want = torch.load(path), published[int(version)]
+        assert want.keys() <= got.keys(), path.name
+        for key, value in want.items():
+            assert torch.equal(got[key], value), f"{path.name}: {key} differs from the published version {version}"
+        loaded.setdefault(name, set()).add(int(version))
+    assert sorted(loaded) == ["producer-0", "producer-1"] and all(0 in v for v in loaded.values()), loaded
+    assert set.union(*loaded.values()) >= {0, 1, 2, 3}, f"every version a round needs was loaded: {loaded}"
