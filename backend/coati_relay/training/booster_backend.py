@@ -1,7 +1,10 @@
 """The `TrainingBackend` seam: a model, its optimizer and LR schedule, boosted by a ColossalAI Booster plugin.
 
 On CPU the optimizer is ``torch.optim.AdamW``; on CUDA, ColossalAI's ``HybridAdam``. Where colossalai is not
-installed, plain torch does the same job (DDP when the process group has more than one rank).
+installed, plain torch does the same job (DDP when the process group has more than one rank). `TrainingBackend.around`
+takes a model and optimizer built elsewhere instead. Under the plugins that keep no fp32 master weights (``ddp``, no
+plugin) fp16/bf16 models step fp32 masters (`coati_relay.training.master_weights`); every backward and step checks
+for non-finite values (`coati_relay.training.finite_checks`). Model and optimizer files: `checkpoint_files`.
 """
 from __future__ import annotations
 
@@ -18,12 +21,16 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from coati_relay.devices import accelerator_device
 
+from . import checkpoint_files
 from .distributed import ensure_single_process_group
+from .finite_checks import check_losses, check_weights
+from .master_weights import find_master_optimizer, with_master_weights
 from .plugins import build_plugin, resolve_plugin
 
 logger = logging.getLogger(__name__)
 
 MODEL_FILE, OPTIMIZER_FILE, SCHEDULER_FILE = "model.pt", "optimizer.pt", "lr_scheduler.pt"
+BOOST_EXTRAS = ("criterion", "dataloader", "lr_scheduler")
 _LORA_KEYS = {"r", "alpha", "target_modules", "dropout"}
 
 
@@ -125,13 +132,17 @@ class TrainingBackend:
 
     Usage per optimizer step: ``backend.backward(loss)`` (any number of times), ``stats = backend.step()``,
     ``backend.zero_grad()``. Gradients are averaged over the data-parallel group by the plugin.
+
+    name: what errors call the model ("policy", "critic"). check_finite: stop at a non-finite loss or weight
+    (`coati_relay.training.finite_checks`).
     """
 
     def __init__(self, model: nn.Module, lr: float, plugin: str = "ddp",
                  plugin_options: Optional[Dict[str, Any]] = None, weight_decay: float = 0.0,
                  betas: Tuple[float, float] = (0.9, 0.999), max_grad_norm: Optional[float] = None,
                  scheduler: Optional[str] = None, total_steps: Optional[int] = None, warmup_steps: int = 0,
-                 allow_cpu_fallback: bool = False, min_lr_ratio: float = 0.0) -> None:
+                 allow_cpu_fallback: bool = False, min_lr_ratio: float = 0.0, name: str = "model",
+                 check_finite: bool = True) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"TrainingBackend: model must be an nn.Module, got {type(model).__name__}")
         _check_args(lr, weight_decay, betas, max_grad_norm, scheduler, total_steps, warmup_steps, min_lr_ratio)
@@ -152,17 +163,71 @@ class TrainingBackend:
         schedule = None
         if scheduler is not None:
             schedule = LambdaLR(optimizer, WarmupSchedule(scheduler, warmup_steps, total_steps, min_lr_ratio))
-        if not _colossalai_installed():
+        self._wrap(model, optimizer, options, name, check_finite, schedule=schedule)
+        logger.info("TrainingBackend: plugin %s %s, %d trainable tensors, optimizer %s", self.plugin_name, options,
+                    len(params), type(optimizer).__name__)
+
+    @classmethod
+    def around(cls, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, *,
+               plugin: Optional[str] = None, plugin_options: Optional[Dict[str, Any]] = None,
+               allow_cpu_fallback: bool = True, loss_scale: Optional[Dict[str, Any]] = None,
+               master_weights: bool = True, name: str = "model", check_finite: bool = True,
+               **extras: Any) -> "TrainingBackend":
+        """A backend around a model and optimizer built elsewhere, with their hyper-parameters as they are.
+
+        plugin: a plugin of `coati_relay.training.plugins`, or None: no wrapping and no process group (plain
+        ``backward`` and ``step`` on the model in place). optimizer None: the model alone is wrapped (not at all
+        when it has no trainable parameter); `step` then raises. loss_scale: `DynamicLossScale` options for fp16
+        masters. extras: ``criterion``, ``dataloader``, ``lr_scheduler``, boosted with the model and kept in
+        ``boost_extras`` (that scheduler is the caller's to step).
+        """
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"TrainingBackend.around: model must be an nn.Module, got {type(model).__name__}")
+        unknown = sorted(set(extras) - set(BOOST_EXTRAS))
+        if unknown:
+            raise TypeError(f"TrainingBackend.around: unknown arguments {unknown}; extras are {list(BOOST_EXTRAS)}")
+        self = cls.__new__(cls)
+        self.max_grad_norm = None
+        self.cuda = torch.cuda.is_available()
+        if plugin is None:
+            self.plugin_name, options = None, {}
+            self._device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        else:
+            self.plugin_name, options = resolve_plugin(plugin, plugin_options, allow_cpu_fallback)
+            ensure_single_process_group()
+            self._device = accelerator_device()
+        self._wrap(model, optimizer, options, name, check_finite, master_weights=master_weights,
+                   loss_scale=loss_scale, extras=extras)
+        return self
+
+    def _wrap(self, model: nn.Module, optimizer: Optional[torch.optim.Optimizer], options: Dict[str, Any],
+              name: str, check_finite: bool, schedule: Optional[LambdaLR] = None, master_weights: bool = True,
+              loss_scale: Optional[Dict[str, Any]] = None, extras: Optional[Dict[str, Any]] = None) -> None:
+        """Boosts ``model``, ``optimizer`` (over fp32 masters where the plugin keeps none) and ``schedule`` (stepped
+        by `step`) with ``extras``."""
+        self.name, self.check_finite, self.steps_done = name, check_finite, 0
+        self.plugin_options = options
+        if optimizer is not None and master_weights and not self.keeps_master_weights:
+            optimizer = with_master_weights(optimizer, **(loss_scale or {}))
+        extras = {k: v for k, v in (extras or {}).items() if v is not None}
+        trainable = optimizer is not None or any(p.requires_grad for p in model.parameters())
+        if self.plugin_name is None or not trainable:
+            self.booster, self.model = None, model
+            self.optimizer, self.scheduler, self.boost_extras = optimizer, schedule, extras
+        elif not _colossalai_installed():
             logger.warning("colossalai is not installed: training with plain torch (DDP)")
             self.booster = None
             self.model = self._torch_wrap(model)
-            self.optimizer, self.scheduler = optimizer, schedule
+            self.optimizer, self.scheduler, self.boost_extras = optimizer, schedule, extras
         else:
             from colossalai.booster import Booster
 
             self.booster = Booster(plugin=build_plugin(self.plugin_name, options))
-            self.model, self.optimizer, _, _, self.scheduler = self.booster.boost(
-                model, optimizer, lr_scheduler=schedule)
+            boosted = self.booster.boost(model, optimizer, extras.get("criterion"), extras.get("dataloader"),
+                                         schedule if schedule is not None else extras.get("lr_scheduler"))
+            self.model, self.optimizer = boosted[0], boosted[1]
+            self.scheduler = boosted[4] if schedule is not None else None
+            self.boost_extras = {k: v for k, v in zip(BOOST_EXTRAS, boosted[2:]) if k in extras}
         # Keyword arguments of a transformers causal LM reach it through the wrappers (their forward takes
         # **kwargs), but for hybrid's, whose sharded forward is its own. A prompt cache shared over two forwards
         # (`coati_relay.prompt_sharing`) only under torch DDP, where the module's parameters stay in place between
@@ -170,8 +235,13 @@ class TrainingBackend:
         self.causal_lm = _is_transformers_model(model) and self.plugin_name != "hybrid"
         self.shares_prompts = self.causal_lm and (self.booster is None or self.plugin_name == "ddp") \
             and not getattr(model, "is_gradient_checkpointing", False)
-        logger.info("TrainingBackend: plugin %s %s, %d trainable tensors, optimizer %s", self.plugin_name, options,
-                    len(params), type(optimizer).__name__)
+
+    @property
+    def keeps_master_weights(self) -> bool:
+        """Whether the plugin keeps fp32 master weights itself (LowLevelZero, Gemini, hybrid in fp16/bf16)."""
+        if self.plugin_name == "hybrid":
+            return self.plugin_options.get("precision") in ("fp16", "bf16")
+        return self.plugin_name in ("zero2", "gemini")
 
     def _make_optimizer(self, params: Iterable[nn.Parameter], lr: float, betas: Tuple[float, float],
                         weight_decay: float) -> torch.optim.Optimizer:
@@ -195,7 +265,16 @@ class TrainingBackend:
         `coati_relay.devices`). Under Gemini, weights offloaded to the CPU still take their inputs there."""
         return self._device
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, batch: Any = None, loss_name: Optional[str] = None) -> None:
+        """``loss.backward()`` through the plugin (times the fp16 loss scale under masters). Raises
+        `NonFiniteTrainingError` first when ``loss`` is not finite, naming ``loss_name`` and the non-finite fields
+        of ``batch`` (what the loss was computed on), when given."""
+        if self.check_finite:
+            check_losses(self.steps_done + 1, {loss_name or f"the {self.name} loss": loss}, batch,
+                         {self.name: self.optimizer})
+        master = find_master_optimizer(self.optimizer)
+        if master is not None:
+            loss = master.scale_loss(loss)
         if self.booster is None:
             loss.backward()
         else:
@@ -205,8 +284,14 @@ class TrainingBackend:
         """One optimizer step (after the gradient clip, when set) and one scheduler step.
 
         Returns ``grad_norm`` (total L2 norm before clipping; None where the plugin does not report it) and ``lr``
-        (the learning rate this step used).
+        (the learning rate this step used). Raises `NonFiniteTrainingError` when the step left a non-finite weight.
         """
+        if self.optimizer is None:
+            raise ValueError(f"TrainingBackend.step: the {self.name} backend holds no optimizer (it was made around "
+                             "the model alone); pass an optimizer to TrainingBackend.around to train it")
+        master = find_master_optimizer(self.optimizer)
+        if master is not None:
+            master.unscale_grads()  # the norm and the clip below see the fp32 gradients
         lr = float(self.optimizer.param_groups[0]["lr"])
         grad_norm: Optional[float] = None
         measure_here = self.booster is None or self.plugin_name == "ddp"  # the others clip and measure in step()
@@ -222,6 +307,9 @@ class TrainingBackend:
             grad_norm = None if norm is None else float(norm)
         if self.scheduler is not None:
             self.scheduler.step()
+        self.steps_done += 1
+        if self.check_finite:
+            check_weights(self.steps_done, {self.name: self.model}, {self.name: self.optimizer})
         return {"grad_norm": grad_norm, "lr": lr}
 
     def zero_grad(self) -> None:
@@ -237,8 +325,42 @@ class TrainingBackend:
             return self.model.unwrap(unwrap_peft=False)
         return self.model.module if isinstance(self.model, nn.parallel.DistributedDataParallel) else self.model
 
-    def state_dict_for_inference(self, keep: bool = True) -> Dict[str, torch.Tensor]:
+    def full_state_dict(self) -> Dict[str, torch.Tensor]:
+        """The complete state dict of the module inside the wrappers (no copy where it is whole on this rank). A
+        collective under gemini: every rank of the data-parallel group calls it together."""
+        if self.booster is not None and self.plugin_name == "gemini":
+            return self.model.state_dict(only_rank_0=False)
+        if hasattr(self.model, "_force_wait_all_gather"):
+            self.model._force_wait_all_gather()
+        return self.unwrapped().state_dict()
+
+    def save_model(self, path: Union[str, os.PathLike], shard: bool = False, every_rank: bool = False,
+                   **kwargs: Any) -> None:
+        """The model's file (rank 0 writes it), its sharded directory (``shard``) or a complete file per rank
+        (``every_rank``); see `coati_relay.training.checkpoint_files`. Every rank calls it."""
+        holder = self.model if self.booster is not None and self.plugin_name == "gemini" else self.unwrapped()
+        checkpoint_files.save_model(self.booster, self.model, holder, os.fspath(path), shard, every_rank, **kwargs)
+
+    def load_model(self, path: Union[str, os.PathLike], strict: bool = True, map_location: Any = None) -> None:
+        """Loads a file or sharded directory written by `save_model`."""
+        model = self.model if self.booster is not None else self.unwrapped()
+        checkpoint_files.load_model(self.booster, model, os.fspath(path), strict, map_location)
+
+    def save_optimizer(self, path: Union[str, os.PathLike], shard: bool = False, every_rank: bool = False,
+                       **kwargs: Any) -> None:
+        """The optimizer's complete state: forms as in `save_model`."""
+        checkpoint_files.save_optimizer(self.booster, self.optimizer, os.fspath(path), shard, every_rank, **kwargs)
+
+    def load_optimizer(self, path: Union[str, os.PathLike], map_location: Any = None) -> None:
+        """Loads a file or sharded directory written by `save_optimizer`."""
+        replicated = self.booster is None or self.plugin_name not in ("zero2", "gemini")
+        checkpoint_files.load_optimizer(self.booster, self.optimizer, os.fspath(path), map_location, replicated)
+
+    def state_dict_for_inference(self, keep: bool = True,
+                                 device: Optional[torch.device] = None) -> Dict[str, torch.Tensor]:
         """A copy of the full weights under the HF model's own names (LoRA adapters folded in), CPU, contiguous.
+        With ``device`` (a publisher that sends from the GPU), the tensors on that device instead, copied only where
+        they are elsewhere: no round trip through host memory; read them before the next optimizer step.
 
         A collective under gemini (its chunks are gathered from every rank): every rank of the data-parallel group
         calls it together. ``keep=False`` takes part in that gather without copying and returns ``{}`` (the ranks
@@ -256,6 +378,8 @@ class TrainingBackend:
         if not keep:
             return {}
         with torch.no_grad():
+            if device is not None:
+                return {k: v.detach().to(device).contiguous() for k, v in state.items()}
             return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
 
     def save(self, directory: Union[str, os.PathLike]) -> Path:
@@ -264,9 +388,7 @@ class TrainingBackend:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         if self.booster is None:
-            import torch.distributed as dist
-
-            if dist.get_rank() == 0:
+            if checkpoint_files.rank() == 0:
                 torch.save(self.unwrapped().state_dict(), directory / MODEL_FILE)
                 torch.save(self.optimizer.state_dict(), directory / OPTIMIZER_FILE)
                 if self.scheduler is not None:

@@ -1,0 +1,143 @@
+"""Model and optimizer files of one `TrainingBackend`: the booster's checkpoint IO, or plain torch files written
+atomically.
+
+Forms (every rank of the data-parallel group calls each function; ZeRO and Gemini gather inside):
+
+- ``shard=True``: the checkpoint IO's sharded directory (ColossalAI's layout: an index file and shards).
+- one file from rank 0: under a booster its checkpoint IO writes it (``torch.save`` of the complete state dict);
+  without one, rank 0 writes ``torch.save(state_dict)``.
+- ``every_rank=True``: every rank writes the complete state dict to its own ``path`` (a path per rank, or one
+  shared path: each write goes to a temporary name in the same directory and is renamed into place, so ranks
+  sharing a path never leave a torn file).
+
+Loads take a file or a sharded directory.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import tempfile
+from typing import Any, Dict
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def complete_state_dict(obj: Any) -> Dict[str, Any]:
+    """The complete state dict of a model or optimizer on this rank: Gemini gathers it on every rank
+    (``only_rank_0=False``), ZeRO optimizers gather their shards in ``state_dict()``."""
+    if hasattr(obj, "_force_wait_all_gather"):  # LowLevelZero with overlapped all-gather
+        obj._force_wait_all_gather()
+    if "only_rank_0" in inspect.signature(obj.state_dict).parameters:
+        return obj.state_dict(only_rank_0=False)
+    return obj.state_dict()
+
+
+def save_file(state: Dict[str, Any], path: str) -> None:
+    """``torch.save(state, path)`` through a temporary file in the same directory and a rename."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path} is a directory (a sharded checkpoint?); save to a file path, or save with "
+                                "shard=True for a sharded directory")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"cannot save {path}: the directory {directory} does not exist")
+    handle, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.r{rank()}.", dir=directory)
+    os.close(handle)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def checkpoint_io(booster: Any) -> Any:
+    """The booster, or ColossalAI's plain ``GeneralCheckpointIO`` where there is none."""
+    if booster is not None:
+        return booster
+    from colossalai.checkpoint_io import GeneralCheckpointIO
+
+    return GeneralCheckpointIO()
+
+
+def check_exists(path: str, what: str) -> None:
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no {what} checkpoint at {path}; when only rank 0 wrote one, load it on every rank "
+                                "from a path they share, or save it on every rank")
+
+
+def save_model(booster: Any, model: nn.Module, state_of: nn.Module, path: str, shard: bool = False,
+               every_rank: bool = False, **kwargs: Any) -> None:
+    """``state_of``: the module whose state a plain file holds; ``kwargs``: options of the checkpoint IO."""
+    if shard and every_rank:
+        raise ValueError("save_model: shard=True writes one sharded directory; every_rank=True a file per rank. "
+                         "Pass one of them.")
+    if shard or (booster is not None and not every_rank):
+        checkpoint_io(booster).save_model(model, path, shard=shard, **kwargs)
+        return
+    if kwargs:
+        raise TypeError(f"save_model: {sorted(kwargs)} apply to the booster's checkpoints (shard=True, or one file "
+                        "under a booster); a plain file takes none")
+    state = complete_state_dict(state_of)
+    if every_rank or rank() == 0:
+        save_file(state, path)
+
+
+def load_model(booster: Any, model: nn.Module, path: str, strict: bool = True, map_location: Any = None) -> None:
+    check_exists(path, "model")
+    if booster is not None or os.path.isdir(path):
+        checkpoint_io(booster).load_model(model, path, strict=strict)
+        return
+    model.load_state_dict(torch.load(path, map_location=map_location or "cpu"), strict=strict)
+
+
+def save_optimizer(booster: Any, optimizer: Any, path: str, shard: bool = False, every_rank: bool = False,
+                   **kwargs: Any) -> None:
+    if shard or (booster is not None and not every_rank):
+        checkpoint_io(booster).save_optimizer(optimizer, path, shard=shard, **kwargs)
+        return
+    if kwargs:
+        raise TypeError(f"save_optimizer: {sorted(kwargs)} apply to the booster's checkpoints (shard=True); a plain "
+                        "file takes none")
+    state = complete_state_dict(optimizer)
+    if every_rank or rank() == 0:
+        save_file(state, path)
+
+
+def read_sharded_optimizer(path: str) -> Dict[str, Any]:
+    """The ``{"state", "param_groups"}`` dict of a sharded optimizer directory (ColossalAI's layout: an index file,
+    a param-group file and state shards), for optimizers whose state every rank holds whole."""
+    from colossalai.checkpoint_io.index_file import CheckpointIndexFile
+    from colossalai.checkpoint_io.utils import has_index_file
+
+    found, index_path = has_index_file(path)
+    if not found:
+        raise FileNotFoundError(f"{path} holds no sharded checkpoint index (*.index.json)")
+    index = CheckpointIndexFile.from_file(index_path)
+    groups_path = index.get_param_group_filename()
+    if groups_path is None:
+        raise ValueError(f"{index_path} is not an optimizer checkpoint (no param_groups file)")
+    state: Dict[int, Any] = {}
+    shards, _ = index.get_checkpoint_filenames()
+    for shard in shards:
+        state.update({int(k): v for k, v in torch.load(shard, map_location="cpu").items()})
+    return {"state": state, "param_groups": torch.load(groups_path, map_location="cpu")}
+
+
+def load_optimizer(booster: Any, optimizer: Any, path: str, map_location: Any = None,
+                   replicated: bool = True) -> None:
+    """replicated: every rank holds the whole optimizer state (no booster, or torch DDP); sharded directories are
+    then read here (ColossalAI's own reader needs a CUDA accelerator)."""
+    check_exists(path, "optimizer")
+    if os.path.isdir(path) and replicated:
+        optimizer.load_state_dict(read_sharded_optimizer(path))
+    elif booster is not None:
+        booster.load_optimizer(optimizer, path)
+    else:
+        optimizer.load_state_dict(torch.load(path, map_location=map_location or "cpu"))

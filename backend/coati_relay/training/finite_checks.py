@@ -1,0 +1,74 @@
+"""Stops training at the step that makes a loss or a weight non-finite, naming the likely cause.
+
+Without these checks a NaN weight travels with the next weight push to the producers, which then fail much later in
+sampling ("probability tensor contains inf/nan"), far from the step that caused it. `TrainingBackend` runs them on
+every ``backward`` (the loss, before its backward: one host sync) and every ``step`` (the weights, after the
+optimizer step: one reduction per tensor and one host sync); ``check_finite=False`` turns them off.
+"""
+from __future__ import annotations
+
+from dataclasses import fields, is_dataclass
+from typing import Any, Dict, List, Mapping, Optional
+
+import torch
+from torch import nn
+
+from .master_weights import LOW_PRECISION, all_finite, find_master_optimizer
+
+
+class NonFiniteTrainingError(FloatingPointError):
+    """A loss or a weight became inf/NaN during a training step."""
+
+
+def _tensor_fields(batch: Any) -> Dict[str, Any]:
+    if isinstance(batch, Mapping):
+        return dict(batch)
+    if is_dataclass(batch):
+        return {f.name: getattr(batch, f.name) for f in fields(batch)}
+    return dict(vars(batch)) if hasattr(batch, "__dict__") else {}
+
+
+def non_finite_fields(batch: Any) -> List[str]:
+    """The names of the floating-point tensors of ``batch`` (a mapping, dataclass or plain object) holding inf/NaN."""
+    return [name for name, value in _tensor_fields(batch).items()
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and not torch.isfinite(value).all()]
+
+
+def learning_rates(optimizer: Optional[Any]) -> List[float]:
+    return [] if optimizer is None else [group.get("lr") for group in optimizer.param_groups]
+
+
+def check_losses(step: int, losses: Dict[str, torch.Tensor], batch: Any, optimizers: Dict[str, Any]) -> None:
+    """Raises `NonFiniteTrainingError` when a loss of training step ``step`` (1-based) is inf/NaN, before its
+    backward; the cause named is the batch (its non-finite fields) or the forward pass."""
+    bad = [name for name, loss in losses.items() if not torch.isfinite(loss.detach()).all()]
+    if not bad:
+        return
+    batch_fields = non_finite_fields(batch) if batch is not None else []
+    if batch_fields:
+        cause = (f"the experience batch itself holds inf/NaN in {batch_fields}: the models that made it produced "
+                 "them (check the weights the rollout workers hold and the reward model's output)")
+    else:
+        rates = {name: learning_rates(opt) for name, opt in optimizers.items()}
+        cause = (f"the forward pass overflowed on a finite batch: a learning rate too high ({rates}) or a "
+                 "low-precision model (fp16 overflows above 65504)")
+    raise NonFiniteTrainingError(f"training step {step}: {', '.join(bad)} is not finite; likely cause: {cause}. "
+                                 "The step was not applied.")
+
+
+def check_weights(step: int, models: Dict[str, nn.Module], optimizers: Dict[str, Any]) -> None:
+    """Raises `NonFiniteTrainingError` when the optimizer step of training step ``step`` left an inf/NaN weight."""
+    for name, model in models.items():
+        params = [p for p in model.parameters() if p.is_floating_point()]
+        if all_finite(params):
+            continue
+        bad = [n for n, p in model.named_parameters() if p.is_floating_point() and not torch.isfinite(p).all()]
+        optimizer = optimizers.get(name)
+        low = sorted({str(p.dtype) for p in params if p.dtype in LOW_PRECISION})
+        if low and find_master_optimizer(optimizer) is None:
+            cause = (f"the optimizer stepped {'/'.join(low)} weights without fp32 master weights (Adam's eps "
+                     "vanishes in fp16); use a plugin that keeps masters, or build the model in fp32")
+        else:
+            cause = f"the update diverged (learning rates {learning_rates(optimizer)})"
+        raise NonFiniteTrainingError(f"training step {step}: the {name} holds inf/NaN weights after the optimizer "
+                                     f"step ({len(bad)} tensors, first {bad[0]!r}); likely cause: {cause}")
