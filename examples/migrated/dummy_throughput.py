@@ -1,8 +1,9 @@
 """dummy_throughput, migrated from the legacy coati.ray API to coati_relay.launch_distributed.
 
 Written by `python -m coati_compat.migrate dummy_throughput.py`. The legacy command-line flags keep their names and
-defaults; added: --prompt_path, --reward_model_path, --lr, --num_episodes, --inference_backend, --run_dir. Every `#
-NOTE:` says what happened to a legacy setting without an exact counterpart, with a link into the migration guide.
+defaults; added: --prompt_path, --reward_model_path, --lr, --num_episodes, --inference_backend, --report_to,
+--run_dir. Every `# NOTE:` says what happened to a legacy setting without an exact counterpart, with a link into the
+migration guide.
 """
 from __future__ import annotations
 
@@ -121,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num_episodes", type=int, default=1, help="passes over the prompt file (the run length)")
     parser.add_argument(
         "--inference_backend", default="vllm", choices=["vllm", "transformers"], help="how producers generate")
+    parser.add_argument(
+        "--report_to", nargs="*", default=[], choices=["tensorboard", "wandb", "none"],
+        help="trackers besides run_dir/metrics.jsonl")
     parser.add_argument("--run_dir", default=None, help="metrics and checkpoints go here")
     return parser
 
@@ -211,6 +215,7 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         #       migration_guide/rewriter.md#models
         reward_model_config={"path": args.reward_model_path},
         run_dir=args.run_dir,
+        report_to=args.report_to,
     )
 
 

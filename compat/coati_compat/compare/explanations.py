@@ -93,6 +93,7 @@ NOTE_QUANTITIES: Dict[str, Tuple[str, ...]] = {
     "buffer": SPEED + ("peak_memory",),
     "initial-sync": ("whole_run_s",),
     "callbacks": (),
+    "trackers": (),
     "dataset": ("reward", "final_reward", "reward_slope"),
     "custom-classes": EVERYTHING,
     "four-role": EVERYTHING,

@@ -10,6 +10,10 @@ from coati_compat.migrate.analyze import ActorCall, LegacyScript
 from coati_compat.migrate.expressions import evaluate, source
 from coati_compat.migrate.notes import Note
 
+# Flags that name the W&B project (ColossalChat's rl_example.py: -p/--project) and that switch W&B on.
+PROJECT_FLAGS = ("project_name", "project", "wandb_project")
+WANDB_FLAGS = ("use_wandb", "wandb")
+
 
 @dataclass
 class Plan:
@@ -73,3 +77,20 @@ class MappingContext:
 
     def kw(self, site: Optional[ActorCall], name: str) -> Optional[ast.expr]:
         return None if site is None else site.kwargs.get(name)
+
+    def trackers(self) -> None:
+        """``project_name`` and ``report_to``: the script's own project and W&B flags where it has them, else the
+        script's name and a new ``--report_to`` flag (trackers besides ``run_dir/metrics.jsonl``)."""
+        flags, kwargs = self.script.flags, self.plan.kwargs
+        project = next((f for f in PROJECT_FLAGS if f in flags), None)
+        kwargs["project_name"] = f"args.{project}" if project else repr(self.script.name.rsplit(".", 1)[0])
+        if "report_to" in flags:
+            kwargs["report_to"] = "args.report_to"
+            return
+        kwargs["report_to"] = self.new_flag("report_to", 'nargs="*", default=[], choices=["tensorboard", "wandb", '
+                                                         '"none"], help="trackers besides run_dir/metrics.jsonl"')
+        switch = next((f for f in WANDB_FLAGS if f in flags), None)
+        if switch:
+            kwargs["report_to"] += f' + (["wandb"] if args.{switch} else [])'
+            self.note("trackers", f"--{switch} adds 'wandb' to report_to: the run logs to the W&B project "
+                                  f"project_name (offline under run_dir/wandb without a W&B login).", key="report_to")

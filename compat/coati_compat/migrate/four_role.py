@@ -253,7 +253,7 @@ class FourRoleMapper(_Mapper):
                                 f"inference_batch_size*num_producers prompts.", key="num_episodes")
         p.kwargs["inference_backend"] = self.new_flag(
             "inference_backend", 'default="vllm", choices=["vllm", "transformers"], help="how producers generate"')
-        p.kwargs["project_name"] = repr(s.name.rsplit(".", 1)[0])
+        self.trackers()
         p.kwargs["run_dir"] = self.new_flag("run_dir", 'default=None, help="metrics and checkpoints go here"')
         saves = [n for n in ast.walk(s.tree) if call_name(n) in ("save_model", "save_checkpoint")]
         if saves:

@@ -236,7 +236,7 @@ class _Mapper(MappingContext):
                       key="num_episodes", line=loop.line)
         p.kwargs["inference_backend"] = self.new_flag(
             "inference_backend", 'default="vllm", choices=["vllm", "transformers"], help="how producers generate"')
-        p.kwargs["project_name"] = repr(s.name.rsplit(".", 1)[0])
+        self.trackers()
         p.kwargs["run_dir"] = self.new_flag("run_dir", 'default=None, help="metrics and checkpoints go here"')
 
     def _leftover_keywords(self, maker: Optional[ActorCall], trainer: Optional[ActorCall]) -> None:

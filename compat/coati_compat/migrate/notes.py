@@ -28,6 +28,7 @@ TOPICS = {
     "buffer": "replay buffer settings",
     "initial-sync": "the initial weight sync",
     "callbacks": "callbacks, performance evaluators, debug",
+    "trackers": "TensorBoard and Weights & Biases",
     "dataset": "prompt data",
     "custom-classes": "subclasses of legacy classes",
     "four-role": "four-role scripts (own Ray actors for policy, critic, reference, reward)",

@@ -28,7 +28,7 @@ KWARG_ORDER = ("num_producers", "num_proc_per_producer", "num_consumer_procs", "
                "inference_microbatch_size", "train_batch_size", "train_minibatch_size", "train_dataset_config",
                "inference_model_config", "generate_config", "train_model_config", "grpo_config", "plugin_config",
                "inference_backend", "num_generations", "core_algo", "project_name", "critic_model_config",
-               "reward_model_config", "run_dir")
+               "reward_model_config", "run_dir", "report_to")
 WIDTH = 116
 _HELPER_TABLES = {"legacy_plugin_config": "LEGACY_STRATEGY_PLUGINS", "lora_config": "LORA_TARGET_MODULES"}
 

@@ -193,6 +193,24 @@ def test_values_computed_by_the_script_are_reported_not_guessed():
     assert any(n.topic == "unread" and "kl_coef" in n.text for n in m.notes)
 
 
+def test_project_and_wandb_flags_become_project_name_and_report_to(migrations):
+    plain = migrations["ppo_many_roles.py"]
+    kw = plain.launch_kwargs({"prompt_path": "p.csv"})
+    assert (kw["project_name"], kw["report_to"]) == ("ppo_many_roles", []), "metrics.jsonl only by default"
+    assert plain.launch_kwargs(["--prompt_path", "p.csv", "--report_to", "tensorboard", "wandb"])["report_to"] == [
+        "tensorboard", "wandb"]
+    source = (LEGACY / "ppo_many_roles.py").read_text().replace(
+        '    parser.add_argument("--num_makers", type=int, default=1)\n',
+        '    parser.add_argument("--num_makers", type=int, default=1)\n'
+        '    parser.add_argument("-p", "--project", default="GRPO")\n'
+        '    parser.add_argument("--use_wandb", action="store_true")\n')
+    m = migrate_source(source, "ppo_many_roles.py")
+    kw = m.launch_kwargs(["--prompt_path", "p.csv", "--project", "my runs", "--use_wandb"])
+    assert (kw["project_name"], kw["report_to"]) == ("my runs", ["wandb"])
+    assert m.launch_kwargs({"prompt_path": "p.csv"})["report_to"] == []
+    assert any(n.topic == "trackers" and "--use_wandb" in n.text for n in m.notes)
+
+
 def test_bad_inputs_raise_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="not valid Python"):
         analyze_source("def broken(:\n", "broken.py")
