@@ -8,7 +8,8 @@ the same arguments and step budget, side by side.
    could not translate) still writes a complete script: it runs, and the report lists what was not translated.
    When the rewriter writes nothing (bad input), or the migrated script cannot be started, the legacy side runs
    alone.
-3. The report goes to DIR: ``report.md``, ``compare.json``, ``compare.png``.
+3. The report goes to DIR: ``report.md``, ``compare.json``, ``compare.png``; with ``--tensorboard TB_DIR`` also
+   each side as a TensorBoard run (``TB_DIR/legacy-N``, ``TB_DIR/migrated``).
 
 Exit status: 0 both sides ran; 1 a side failed or did not run (the report says why); 2 bad input.
 """
@@ -25,7 +26,16 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, List
 
-from coati_compat.compare import explanations, recording_switch, report, side_commands, sides, steps, verdicts
+from coati_compat.compare import (
+    explanations,
+    recording_switch,
+    report,
+    side_commands,
+    sides,
+    steps,
+    tensorboard_runs,
+    verdicts,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +74,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         help="extra arguments for the migrated side only, quoted (e.g. --migrated-args='--lr 1e-5')")
     parser.add_argument("--timeout", type=_positive(float, "--timeout"), default=3600.0,
                         help="seconds one run may take (default 3600)")
+    parser.add_argument("--tensorboard", default=None, metavar="TB_DIR",
+                        help="also write each side as a TensorBoard run: TB_DIR/legacy-N and TB_DIR/migrated")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -105,6 +117,11 @@ def _check(args: argparse.Namespace) -> Path:
     if args.reuse_legacy and not (Path(args.reuse_legacy) / "compare.json").is_file():
         raise BadInput(f"--reuse-legacy {args.reuse_legacy}: no compare.json there; pass the directory of an "
                        "earlier report")
+    if args.tensorboard:
+        try:
+            tensorboard_runs.check_available()
+        except ImportError as exc:
+            raise BadInput(str(exc)) from None
     return script.resolve()
 
 
@@ -218,6 +235,8 @@ def compare(args: argparse.Namespace) -> Dict[str, Any]:
                   "migrated": migrated, "migrated_skipped": skipped, "rule": verdicts.RULE,
                   "verdicts": [v.to_json() for v in judged], "explanations": [e.to_json() for e in found]}
     report.write_report(out, comparison)
+    if args.tensorboard:
+        tensorboard_runs.write_runs(comparison, Path(args.tensorboard))
     return comparison
 
 
@@ -231,6 +250,8 @@ def _run(args: argparse.Namespace) -> int:
     out = out_dir(options)
     print((out / "report.md").read_text(encoding="utf-8"))
     print(f"report: {out / 'report.md'}, {out / 'compare.json'}, {out / 'compare.png'}")
+    if options.tensorboard:
+        print(f"TensorBoard runs: {options.tensorboard} (tensorboard --logdir {options.tensorboard})")
     ran = [r["run"] for r in comparison["legacy"]] + ([comparison["migrated"]["run"]] if comparison["migrated"]
                                                        else [])
     return 0 if comparison["migrated"] and all(r["ok"] for r in ran) else 1
