@@ -1,14 +1,18 @@
 """Legacy ``coati.trainer.strategies``: ``NaiveStrategy``, ``DDPStrategy``, ``LowLevelZeroStrategy`` and
 ``GeminiStrategy`` (and the 2023 ``ColossalAIStrategy``: stage 3 is Gemini, 1-2 LowLevelZero) with the legacy method
-surface, on the engine's ColossalAI plugin table
-(``coati_relay.training.plugins``): ddp -> ``"ddp"``, LowLevelZero -> ``"zero2"``, Gemini -> ``"gemini"``.
+surface, as fronts on the engine: each prepared model is one `coati_relay.training.TrainingBackend` (built with
+``TrainingBackend.around`` from the script's model and optimizer), which ``backward``, ``optimizer_step`` and the
+checkpoint methods call. Plugins (``coati_relay.training.plugins``): ddp -> ``"ddp"``, LowLevelZero -> ``"zero2"``,
+Gemini -> ``"gemini"``, naive -> none; the legacy keywords map onto their settings through
+`coati_compat.legacy.tables.plugin_settings`.
 
 Without CUDA, LowLevelZero and Gemini train with ``"ddp"`` (one RuntimeWarning per plugin) and process groups use
 gloo. ``unwrap_model`` follows the reference version: the Hugging Face model for an ``Actor``, the ``Critic``
 wrapper for a critic, so that pushed state-dict keys are HF keys (actor) and ``Critic`` keys (critic).
-Where the plugin in use keeps no fp32 master weights (naive, ddp, every CPU fallback), ``prepare`` gives fp16/bf16
-models an optimizer over fp32 masters with the strategy's loss scale (`coati_compat.legacy.master_weights`).
-Checkpoints follow `coati_compat.legacy.strategy_checkpoint` (both releases' call forms). Deviations from the
+Where the plugin in use keeps no fp32 master weights (naive, ddp, every CPU fallback), the backend gives fp16/bf16
+models an optimizer over fp32 masters with the strategy's loss scale (`coati_relay.training.master_weights`), and it
+stops at a non-finite loss or weight (`coati_relay.training.finite_checks`). Checkpoint call forms of both releases:
+`coati_compat.legacy.strategy_checkpoint`; the files: `coati_relay.training.checkpoint_files`. Deviations from the
 legacy code: LowLevelZero's state-dict shards use the generic path (the legacy one called a method that
 does not exist); a module without trainable parameters is not wrapped (DDP rejects it).
 """
@@ -32,12 +36,13 @@ from torch.utils.data import DataLoader
 
 from coati_compat.deprecations import deprecated_api
 from coati_compat.legacy import strategy_checkpoint as checkpoint
-from coati_compat.legacy.master_weights import find_master_optimizer, with_master_weights
 from coati_compat.legacy.model_base import Actor
 from coati_compat.legacy.replay_buffer import buffer_dataloader
-from coati_compat.legacy.tables import CLASS_PLUGINS, LEGACY_PRECISION
+from coati_compat.legacy.tables import CLASS_PLUGINS, LEGACY_PRECISION, LOSS_SCALE_KEYS, plugin_settings
+from coati_relay.training import checkpoint_files
+from coati_relay.training.booster_backend import TrainingBackend
 from coati_relay.training.distributed import RENDEZVOUS_ENV as DIST_ENV
-from coati_relay.training.plugins import build_plugin, resolve_plugin
+from coati_relay.training.plugins import resolve_plugin
 
 logger = logging.getLogger(__name__)
 
@@ -67,10 +72,6 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _has_trainable(module: nn.Module) -> bool:
-    return any(p.requires_grad for p in module.parameters())
-
-
 def _unwrap_booster(model: nn.Module) -> nn.Module:
     """The module inside a booster wrapper (TorchDDPModel, LowLevelZeroModel, GeminiDDP); else ``model``."""
     if "colossalai.interface" in sys.modules:
@@ -81,13 +82,21 @@ def _unwrap_booster(model: nn.Module) -> nn.Module:
     return model
 
 
-def _keep_actor_generate(boosted: nn.Module) -> nn.Module:
-    """``boosted`` with its ``Actor``'s ``generate``: the 2023 strategies gave back an ``Actor`` around the wrapped
-    model, and scripts of that time (the community Ray example) sample with ``prepared_actor.generate(...)``."""
-    inner = _unwrap_booster(boosted)
+def _keep_actor_generate(backend: TrainingBackend) -> nn.Module:
+    """The backend's model with its ``Actor``'s ``generate``: the 2023 strategies gave back an ``Actor`` around the
+    wrapped model, and scripts of that time (the community Ray example) sample with ``prepared_actor.generate(...)``."""
+    boosted, inner = backend.model, backend.unwrapped()
     if boosted is not inner and isinstance(inner, Actor) and not hasattr(boosted, "generate"):
         boosted.generate = inner.generate  # a plain attribute (nn.Module.__setattr__ keeps non-modules as such)
     return boosted
+
+
+def _role(model: nn.Module) -> str:
+    """What errors call a prepared model: "actor", "critic", or its class name."""
+    for cls in type(model).__mro__:
+        if cls.__name__ in ("Actor", "Critic", "RewardModel"):
+            return {"Actor": "actor", "Critic": "critic", "RewardModel": "reward model"}[cls.__name__]
+    return type(model).__name__
 
 
 @deprecated_api("coati.trainer.strategies.DistributedSampler")
@@ -112,8 +121,8 @@ class DistributedSampler:
 
 @deprecated_api("coati.trainer.strategies.Strategy")
 class Strategy(ABC):
-    """A training strategy: process group, plugin, ``Booster`` (None for the naive strategy) and the legacy
-    methods. ``plugin_name`` is the engine plugin actually used (None: no booster)."""
+    """A training strategy: process group, plugin, one engine `TrainingBackend` per prepared model, and the legacy
+    methods. ``plugin_name`` is the engine plugin actually used (None: no plugin, the naive strategy)."""
 
     def __init__(self, plugin: Optional[str] = None, plugin_options: Optional[Dict[str, Any]] = None,
                  seed: int = 42, loss_scale: Optional[Dict[str, Any]] = None) -> None:
@@ -123,12 +132,8 @@ class Strategy(ABC):
         self.plugin_options: Dict[str, Any] = {}
         if plugin is not None:
             self.plugin_name, self.plugin_options = resolve_plugin(plugin, plugin_options, allow_cpu_fallback=True)
+        self.backends: List[TrainingBackend] = []
         self.setup_distributed()
-        self.booster = None
-        if self.plugin_name is not None:
-            from colossalai.booster import Booster
-
-            self.booster = Booster(plugin=build_plugin(self.plugin_name, self.plugin_options))
 
     def setup_distributed(self) -> None:
         """Initialises the process group (plugins) and seeds Python, NumPy and torch."""
@@ -143,14 +148,35 @@ class Strategy(ABC):
         """True when the plugin in use keeps fp32 master weights itself (LowLevelZero and Gemini on CUDA)."""
         return self.plugin_name in ("zero2", "gemini")
 
-    def _boost(self, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None) -> List[Any]:
-        if not self.keeps_master_weights:
-            optimizer = with_master_weights(optimizer, **self.loss_scale_options)
-        if self.booster is None or (optimizer is None and not _has_trainable(model)):
-            return [model, optimizer, None, None, None]
-        boosted = list(self.booster.boost(model=model, optimizer=optimizer))
-        boosted[0] = _keep_actor_generate(boosted[0])
-        return boosted
+    def _prepare_one(self, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                     **extras: Any) -> TrainingBackend:
+        backend = TrainingBackend.around(model, optimizer, plugin=self.plugin_name, plugin_options=self.plugin_options,
+                                         loss_scale=self.loss_scale_options, name=_role(model), **extras)
+        self.backends.append(backend)
+        return backend
+
+    def _backend(self, model: Optional[nn.Module] = None, optimizer: Any = None) -> Optional[TrainingBackend]:
+        """The backend that `prepare` gave ``optimizer`` (else ``model``); None when it gave neither."""
+        for backend in self.backends:
+            if optimizer is not None and backend.optimizer is optimizer:
+                return backend
+        for backend in self.backends:
+            if model is not None and backend.model is model:
+                return backend
+        return None
+
+    def _training_backend(self, model: Optional[nn.Module], optimizer: Any) -> TrainingBackend:
+        """The backend to train ``model`` with ``optimizer``; the naive strategy wraps ones it did not prepare, as
+        they are (no master weights)."""
+        backend = self._backend(model, optimizer)
+        if backend is not None:
+            return backend
+        if self.plugin_name is None and model is not None:
+            backend = TrainingBackend.around(model, optimizer, master_weights=False, name=_role(model))
+            self.backends.append(backend)
+            return backend
+        raise ValueError(f"{type(self).__name__}: this optimizer (and model) did not come from strategy.prepare; "
+                         "prepare (model, optimizer) first and train what it returns")
 
     def prepare(self, *args: Any) -> Any:
         """Each argument: a module, a ``(model, optimizer)`` pair or a dict of ``Booster.boost`` keywords; returns
@@ -158,45 +184,46 @@ class Strategy(ABC):
         results: List[Any] = []
         for arg in args:
             if isinstance(arg, nn.Module):
-                results.append(self._boost(arg)[0])
+                results.append(_keep_actor_generate(self._prepare_one(arg)))
             elif isinstance(arg, tuple) and len(arg) == 2 and isinstance(arg[0], nn.Module):
-                model, optimizer = self._boost(arg[0], arg[1])[:2]
-                results.append((model, optimizer))
+                backend = self._prepare_one(arg[0], arg[1])
+                results.append((_keep_actor_generate(backend), backend.optimizer))
             elif isinstance(arg, dict):
                 kwargs = {k: v for k, v in arg.items() if v is not None}
                 if "model" not in kwargs:
                     raise ValueError(f"prepare: a dict argument needs a 'model' entry, got keys {sorted(arg)}")
-                if "optimizer" in kwargs and not self.keeps_master_weights:
-                    kwargs["optimizer"] = with_master_weights(kwargs["optimizer"], **self.loss_scale_options)
-                boosted = (self.booster.boost(**kwargs) if self.booster is not None
-                           else [kwargs.get(k) for k in ("model", "optimizer", "criterion", "dataloader",
-                                                         "lr_scheduler")])
-                names = ("model", "optimizer", "criterion", "dataloader", "lr_scheduler")
-                results.append({k: v for k, v in zip(names, boosted) if v is not None})
+                backend = self._prepare_one(kwargs.pop("model"), kwargs.pop("optimizer", None), **kwargs)
+                results.append({"model": backend.model, **({"optimizer": backend.optimizer} if backend.optimizer
+                                                          is not None else {}), **backend.boost_extras})
             else:
                 raise TypeError(f"prepare expects modules, (model, optimizer) pairs or dicts, got {type(arg).__name__}")
         return results[0] if len(results) == 1 else results
 
     def backward(self, loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer, **kwargs: Any) -> None:
-        """``loss.backward()`` through the booster; times the fp16 loss scale when the optimizer keeps masters."""
-        master = find_master_optimizer(optimizer)
-        if master is not None:
-            loss = master.scale_loss(loss)
-        if self.booster is None:
-            loss.backward()
-        else:
-            self.booster.backward(loss, optimizer)
+        """``loss.backward()`` through the model's backend (fp16 loss scale under masters); it stops at a non-finite
+        loss, naming ``kwargs["loss_name"]`` and the non-finite fields of ``kwargs["batch"]`` where given."""
+        self._training_backend(model, optimizer).backward(loss, batch=kwargs.get("batch"),
+                                                          loss_name=kwargs.get("loss_name"))
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> None:
-        optimizer.step()
+        """One step of the optimizer's backend; it stops at a non-finite weight."""
+        self._training_backend(None, optimizer).step()
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         """The model without the booster wrapper; for an ``Actor``, its Hugging Face model."""
-        inner = _unwrap_booster(model)
+        backend = self._backend(model)
+        inner = backend.unwrapped() if backend is not None else _unwrap_booster(model)
         return inner.model if isinstance(inner, Actor) else inner
 
     def _full_state_dict(self, model: nn.Module) -> Dict[str, torch.Tensor]:
-        return self.unwrap_model(model).state_dict()
+        """The state dict of `unwrap_model` (its backend gathers Gemini's chunks: every rank calls)."""
+        backend = self._backend(model)
+        if backend is None:
+            return self.unwrap_model(model).state_dict()
+        state_dict = backend.full_state_dict()
+        if isinstance(backend.unwrapped(), Actor):
+            state_dict = OrderedDict((k[len("model."):], v) for k, v in state_dict.items() if k.startswith("model."))
+        return state_dict
 
     def get_model_state_dict_shard(self, model: nn.Module, shard_size: Optional[int] = None,
                                    requires_grad_only: bool = False) -> Iterator[Dict[str, torch.Tensor]]:
@@ -229,34 +256,46 @@ class Strategy(ABC):
         The third positional argument is ``only_rank0`` (``shard`` under ``COATI_RELAY_LEGACY_NAMES=final``);
         see `coati_compat.legacy.strategy_checkpoint`."""
         only_rank0, shard = checkpoint.model_save_form(args, only_rank0, shard)
-        state_of = model if self.booster is None else self._booster_state_holder(model)
-        checkpoint.save_model(self.booster, model, state_of, path, only_rank0, shard, **kwargs)
-
-    def _booster_state_holder(self, model: nn.Module) -> nn.Module:
-        """The module whose state dict the booster's unsharded checkpoint holds (GeminiDDP gathers its own)."""
-        return model if self.plugin_name == "gemini" else _unwrap_booster(model)
+        backend = self._backend(model)
+        if backend is None:  # a model not prepared here: its plain state dict
+            checkpoint_files.save_model(None, model, model, os.fspath(path), shard, not only_rank0, **kwargs)
+        else:
+            backend.save_model(path, shard=shard, every_rank=not only_rank0, **kwargs)
 
     def load_model(self, model: nn.Module, path: str, *args: Any, strict: Optional[bool] = None,
                    map_location: Any = None) -> None:
         """Loads a file or sharded directory from `save_model`; third argument ``map_location`` (reference form,
         ``strict`` fourth) or ``strict`` (final release)."""
         strict, map_location = checkpoint.load_form(args, strict, map_location)
-        checkpoint.load_model(self.booster, model, path, strict, map_location)
+        backend = self._backend(model)
+        if backend is None:
+            checkpoint_files.load_model(None, model, os.fspath(path), strict, map_location)
+        else:
+            backend.load_model(path, strict=strict, map_location=map_location)
 
     def save_optimizer(self, optimizer: torch.optim.Optimizer, path: str, only_rank0: bool = False,
                        **kwargs: Any) -> None:
         """Every rank writes the complete optimizer state to its ``path`` (``only_rank0``: rank 0 only); under
         ``COATI_RELAY_LEGACY_NAMES=final`` the booster's sharded directory (see
         `coati_compat.legacy.strategy_checkpoint`)."""
-        checkpoint.save_optimizer(self.booster, optimizer, path, only_rank0, **kwargs)
+        shard, every_rank = checkpoint.optimizer_save_form(only_rank0, kwargs)
+        backend = self._backend(optimizer=optimizer)
+        if backend is None:
+            checkpoint_files.save_optimizer(None, optimizer, os.fspath(path), shard, every_rank, **kwargs)
+        else:
+            backend.save_optimizer(path, shard=shard, every_rank=every_rank, **kwargs)
 
     def load_optimizer(self, optimizer: torch.optim.Optimizer, path: str, map_location: Any = None) -> None:
         """Loads this rank's file (or a sharded directory) written by `save_optimizer`."""
-        checkpoint.load_optimizer(self.booster, optimizer, path, map_location, not self.keeps_master_weights)
+        backend = self._backend(optimizer=optimizer)
+        if backend is None:
+            checkpoint_files.load_optimizer(None, optimizer, os.fspath(path), map_location)
+        else:
+            backend.load_optimizer(path, map_location)
 
     def save_pretrained(self, model: nn.Module, path: str, only_rank0: bool = True, tokenizer: Any = None) -> None:
         """``save_pretrained`` of the unwrapped (Hugging Face) model and of the tokenizer."""
-        if only_rank0 and checkpoint.rank() != 0:
+        if only_rank0 and checkpoint_files.rank() != 0:
             return
         unwrapped = self.unwrap_model(model)
         if not hasattr(unwrapped, "save_pretrained"):
@@ -308,33 +347,27 @@ class DDPStrategy(Strategy):
         return DistributedSampler(dataset, dist.get_world_size(), dist.get_rank())
 
 
-_LOSS_SCALE_KEYS = ("initial_scale", "growth_factor", "backoff_factor", "growth_interval", "hysteresis",
-                    "min_scale", "max_scale")
-
-
 def _zero_options(stage: int, precision: str, placement_policy: str, reduce_bucket_size: int,
                   overlap_communication: bool, **scale_and_clip: Any) -> Dict[str, Any]:
     """The ``"zero2"`` plugin options of a legacy LowLevelZero configuration."""
-    if placement_policy not in ("cpu", "cuda"):
-        raise ValueError(f"placement_policy must be 'cpu' or 'cuda', got {placement_policy!r}")
-    return dict(stage=stage, precision=precision, reduce_bucket_size_in_m=reduce_bucket_size / 1024 ** 2,
-                overlap_communication=overlap_communication, cpu_offload=placement_policy == "cpu", **scale_and_clip)
+    return plugin_settings("zero2", dict(stage=stage, precision=precision, placement_policy=placement_policy,
+                                         reduce_bucket_size=reduce_bucket_size,
+                                         overlap_communication=overlap_communication, **scale_and_clip))
 
 
 def _gemini_options(shard_init: bool, search_range_m: int, min_chunk_size_m: float, **options: Any) -> Dict[str, Any]:
-    """The ``"gemini"`` plugin options of a legacy Gemini configuration (fp16 only, as the legacy code forced)."""
-    if shard_init:
-        logger.warning("shard_init=True is ignored: load weights before strategy.prepare()")
-    return dict(search_range_m=search_range_m, min_chunk_size_m=min_chunk_size_m, precision=LEGACY_PRECISION,
-                **options)
+    """A legacy Gemini configuration (fp16 only, as the legacy code forced), its placement_policy still legacy."""
+    return dict(shard_init=shard_init, search_range_m=search_range_m, min_chunk_size_m=min_chunk_size_m,
+                precision=LEGACY_PRECISION, **options)
 
 
 class _ColossalStrategy(DDPStrategy):
     """LowLevelZero and Gemini: ``colossalai.launch_from_torch`` on CUDA; the ddp path after a CPU fallback."""
 
     def __init__(self, plugin: str, options: Dict[str, Any], seed: int) -> None:
-        loss_scale = {k: options[k] for k in _LOSS_SCALE_KEYS}
-        Strategy.__init__(self, plugin=plugin, plugin_options=options, seed=seed, loss_scale=loss_scale)
+        loss_scale = {k: options[k] for k in LOSS_SCALE_KEYS}
+        Strategy.__init__(self, plugin=plugin, plugin_options=plugin_settings(plugin, options), seed=seed,
+                          loss_scale=loss_scale)
 
     def setup_distributed(self) -> None:
         if self.plugin_name == "ddp" or dist.is_initialized():
@@ -346,15 +379,6 @@ class _ColossalStrategy(DDPStrategy):
         import colossalai
 
         colossalai.launch_from_torch(seed=self.seed)
-
-    def _full_state_dict(self, model: nn.Module) -> Dict[str, torch.Tensor]:
-        if self.plugin_name != "gemini":
-            return super()._full_state_dict(model)
-        # GeminiDDP gathers the chunked parameters in its own state_dict(); keys are those of the wrapped module.
-        state_dict = model.state_dict()
-        if isinstance(_unwrap_booster(model), Actor):
-            state_dict = OrderedDict((k[len("model."):], v) for k, v in state_dict.items() if k.startswith("model."))
-        return state_dict
 
 
 @deprecated_api("coati.trainer.strategies.LowLevelZeroStrategy")

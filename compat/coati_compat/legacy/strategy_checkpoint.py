@@ -15,26 +15,19 @@ checkpoint directory. The third positional argument of ``save_model`` is ``only_
 ``COATI_RELAY_LEGACY_NAMES=final``, which reads it as ``shard`` and makes ``save_optimizer`` write the booster's
 sharded directory as the final release did (``only_rank0=False`` meant ``shard=True``).
 
-Per-rank files are written to a temporary name and renamed into place, so ranks sharing one path never leave a
-torn file. Loads take a file or a sharded directory; ``map_location`` (reference form) or ``strict`` (final form)
-may come third.
+The files themselves are the engine's (`coati_relay.training.checkpoint_files`, through each prepared model's
+`TrainingBackend`): per-rank files are written to a temporary name and renamed into place, so ranks sharing one path
+never leave a torn file. Loads take a file or a sharded directory; ``map_location`` (reference form) or ``strict``
+(final form) may come third.
 """
 from __future__ import annotations
 
-import inspect
-import os
-import tempfile
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-import torch
-import torch.distributed as dist
-from torch import nn
-
 from coati_compat import legacy_switch
+from coati_relay.training.checkpoint_files import save_file
 
-
-def rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
+__all__ = ["load_form", "model_save_form", "optimizer_save_form", "save_file"]
 
 
 def model_save_form(extra: Sequence[Any], only_rank0: Optional[bool], shard: Optional[bool]) -> Tuple[bool, bool]:
@@ -77,114 +70,12 @@ def load_form(extra: Sequence[Any], strict: Optional[bool], map_location: Any) -
     return (True if strict is None else bool(strict)), map_location
 
 
-def complete_state_dict(obj: Any) -> Dict[str, Any]:
-    """The complete state dict of a model or optimizer on this rank: Gemini gathers it on every rank
-    (``only_rank_0=False``), ZeRO optimizers gather their shards in ``state_dict()``."""
-    if hasattr(obj, "_force_wait_all_gather"):  # LowLevelZero with overlapped all-gather
-        obj._force_wait_all_gather()
-    if "only_rank_0" in inspect.signature(obj.state_dict).parameters:
-        return obj.state_dict(only_rank_0=False)
-    return obj.state_dict()
-
-
-def save_file(state: Dict[str, Any], path: str) -> None:
-    """``torch.save(state, path)`` through a temporary file in the same directory and a rename."""
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"{path} is a directory (a sharded checkpoint?); save to a file path, or pass "
-                                "shard=True / COATI_RELAY_LEGACY_NAMES=final for a sharded directory")
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"cannot save {path}: the directory {directory} does not exist")
-    handle, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.r{rank()}.", dir=directory)
-    os.close(handle)
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def checkpoint_io(booster: Any) -> Any:
-    """The booster, or ColossalAI's plain ``GeneralCheckpointIO`` for strategies without one."""
-    if booster is not None:
-        return booster
-    from colossalai.checkpoint_io import GeneralCheckpointIO
-
-    return GeneralCheckpointIO()
-
-
-def check_exists(path: str, what: str) -> None:
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no {what} checkpoint at {path}; with only_rank0=True only rank 0 wrote one (load it "
-                                "on every rank from a path they share, or save with only_rank0=False)")
-
-
-def save_model(booster: Any, model: nn.Module, state_of: nn.Module, path: str, only_rank0: bool, shard: bool,
-               **kwargs: Any) -> None:
-    """``state_of``: the module whose state a file holds (without a booster: the model as given)."""
-    if shard or (only_rank0 and booster is not None):
-        checkpoint_io(booster).save_model(model, path, shard=shard, **kwargs)  # every rank calls: Gemini gathers
-        return
-    if kwargs:
-        raise TypeError(f"save_model: {sorted(kwargs)} apply to the booster's checkpoints (shard=True, or "
-                        "only_rank0=True under a booster strategy); a per-rank file takes none")
-    if only_rank0 and rank() != 0:
-        return
-    save_file(complete_state_dict(state_of), path)
-
-
-def load_model(booster: Any, model: nn.Module, path: str, strict: bool, map_location: Any) -> None:
-    check_exists(path, "model")
-    if booster is not None or os.path.isdir(path):
-        checkpoint_io(booster).load_model(model, path, strict=strict)
-        return
-    model.load_state_dict(torch.load(path, map_location=map_location or "cpu"), strict=strict)
-
-
-def save_optimizer(booster: Any, optimizer: Any, path: str, only_rank0: bool, **kwargs: Any) -> None:
+def optimizer_save_form(only_rank0: bool, kwargs: Dict[str, Any]) -> Tuple[bool, bool]:
+    """``(shard, every_rank)`` of a ``save_optimizer`` call: the final release wrote the booster's sharded directory
+    unless ``only_rank0``; the reference version a complete file per rank (``only_rank0``: from rank 0 alone)."""
     if legacy_switch.final_release():
-        checkpoint_io(booster).save_optimizer(optimizer, path, shard=not only_rank0, **kwargs)
-        return
+        return not only_rank0, False
     if kwargs:
         raise TypeError(f"save_optimizer: {sorted(kwargs)} apply to the booster's sharded checkpoint "
                         "(COATI_RELAY_LEGACY_NAMES=final); the legacy per-rank file takes none")
-    if only_rank0 and booster is not None:
-        booster.save_optimizer(optimizer, path, shard=False)  # every rank calls (ZeRO/Gemini gather), rank 0 writes
-        return
-    state = complete_state_dict(optimizer)
-    if not only_rank0 or rank() == 0:
-        save_file(state, path)
-
-
-def read_sharded_optimizer(path: str) -> Dict[str, Any]:
-    """The ``{"state", "param_groups"}`` dict of a sharded optimizer directory (ColossalAI's layout: an index file,
-    a param-group file and state shards), for optimizers whose state every rank holds whole."""
-    from colossalai.checkpoint_io.index_file import CheckpointIndexFile
-    from colossalai.checkpoint_io.utils import has_index_file
-
-    found, index_path = has_index_file(path)
-    if not found:
-        raise FileNotFoundError(f"{path} holds no sharded checkpoint index (*.index.json)")
-    index = CheckpointIndexFile.from_file(index_path)
-    groups_path = index.get_param_group_filename()
-    if groups_path is None:
-        raise ValueError(f"{index_path} is not an optimizer checkpoint (no param_groups file)")
-    state: Dict[int, Any] = {}
-    shards, _ = index.get_checkpoint_filenames()
-    for shard in shards:
-        state.update({int(k): v for k, v in torch.load(shard, map_location="cpu").items()})
-    return {"state": state, "param_groups": torch.load(groups_path, map_location="cpu")}
-
-
-def load_optimizer(booster: Any, optimizer: Any, path: str, map_location: Any, replicated: bool) -> None:
-    """replicated: every rank holds the whole optimizer state (no booster, or torch DDP); sharded directories are
-    then read here (ColossalAI's own reader needs a CUDA accelerator)."""
-    check_exists(path, "optimizer")
-    if os.path.isdir(path) and replicated:
-        optimizer.load_state_dict(read_sharded_optimizer(path))
-    elif booster is not None:
-        booster.load_optimizer(optimizer, path)
-    else:
-        optimizer.load_state_dict(torch.load(path, map_location=map_location or "cpu"))
+    return False, not only_rank0

@@ -7,7 +7,10 @@ gave both optimizers.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Dict, Mapping, NamedTuple
+
+logger = logging.getLogger(__name__)
 
 LEGACY_LR = 1e-7
 
@@ -33,6 +36,50 @@ LEGACY_STRATEGIES: Dict[str, LegacyStrategy] = {
         "placement_policy": "static", "offload_optim_frac": 1.0, "offload_param_frac": 1.0, "initial_scale": 2 ** 5}),
     "colossalai_zero2_cpu": LegacyStrategy("LowLevelZeroStrategy", {"stage": 2, "placement_policy": "cpu"}),
 }
+
+# THE table from legacy strategy keywords to colossalai 0.5 plugin settings (`plugin_settings` applies it).
+# placement_policy per plugin: colossalai 0.5's Gemini knows only "static" and "auto"; the legacy "cuda" (everything
+# on the GPU) is static with nothing offloaded, "cpu" static with parameters and optimizer states offloaded.
+# LowLevelZero has no placement: "cpu" is its CPU offload.
+PLACEMENTS: Dict[str, Dict[str, Dict[str, Any]]] = {
+    "zero2": {"cuda": {"cpu_offload": False}, "cpu": {"cpu_offload": True}},
+    "gemini": {"cuda": {"placement_policy": "static", "offload_param_frac": 0.0, "offload_optim_frac": 0.0},
+               "cpu": {"placement_policy": "static", "offload_param_frac": 1.0, "offload_optim_frac": 1.0},
+               "static": {"placement_policy": "static"},
+               "auto": {"placement_policy": "auto"}},
+}
+# Legacy keyword -> (plugin option, factor): the legacy bucket size counted bytes, the plugin's counts MiB.
+RENAMED = {"reduce_bucket_size": ("reduce_bucket_size_in_m", 1 / 1024 ** 2)}
+# Legacy keywords without a plugin setting, and what to do instead.
+DROPPED = {"shard_init": "load weights before strategy.prepare()"}
+# The fp16 loss-scale keywords (the same names in the plugins and in the engine's fp32 master weights).
+LOSS_SCALE_KEYS = ("initial_scale", "growth_factor", "backoff_factor", "growth_interval", "hysteresis",
+                   "min_scale", "max_scale")
+
+
+def plugin_settings(plugin: str, options: Mapping[str, Any]) -> Dict[str, Any]:
+    """The colossalai 0.5 options of ``plugin`` ("zero2", "gemini") for a legacy strategy's keywords: placement
+    through `PLACEMENTS` (its settings win over the same keys given beside it), `RENAMED` keys converted, `DROPPED`
+    keys logged and left out, every other key as it is (so settings already in colossalai's terms pass through)."""
+    out: Dict[str, Any] = {}
+    for key, value in options.items():
+        if key in RENAMED:
+            name, factor = RENAMED[key]
+            out[name] = value * factor
+        elif key in DROPPED:
+            if value:
+                logger.warning("%s=%r is ignored: %s", key, value, DROPPED[key])
+        elif key != "placement_policy":
+            out[key] = value
+    if "placement_policy" in options:
+        table = PLACEMENTS.get(plugin, {})
+        policy = options["placement_policy"]
+        if policy not in table:
+            raise ValueError(f"placement_policy must be {' or '.join(repr(p) for p in sorted(table))} for plugin "
+                             f"{plugin!r}, got {policy!r}")
+        out.update(table[policy])
+    return out
+
 
 # Strategy keywords that carry over to the plugin under the same name.
 _PLUGIN_KEYS = ("initial_scale", "offload_optim_frac", "offload_param_frac")

@@ -16,7 +16,7 @@ process, `coati_compat.cpu_mode`, which also places CUDA device arguments such a
 ``Module.half()`` and ``Module.bfloat16()`` keep fp32 there too: on the CPU, fp16 forward+backward of a 2-layer toy
 model took 11x, of a 22M-parameter model 26x the fp32 time, and fp32 weights train with the numbers the GPU runs got
 from their fp32 master weights. ``COATI_RELAY_KEEP_HALF_ON_CPU=1`` keeps the low precision (the strategies then step
-fp32 master copies, `coati_compat.legacy.master_weights`). Tensors' ``.half()`` is left alone.
+fp32 master copies, `coati_relay.training.master_weights`). Tensors' ``.half()`` is left alone.
 """
 from __future__ import annotations
 

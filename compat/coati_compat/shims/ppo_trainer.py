@@ -3,8 +3,9 @@
 `DetachedPPOTrainerImpl` keeps the legacy step (legacy_spec §A.4): two optimizers (``HybridAdam`` under
 LowLevelZero/Gemini on CUDA, ``torch.optim.Adam`` otherwise) with the legacy ``lr=1e-7``; the clipped policy loss
 (sample-level, no KL term) against the batch's advantages and the clipped value loss against its KL-shaped reward,
-both from ``coati_relay.algorithms``; one optimizer step each per batch (fp16/bf16 models step fp32 master weights
-where the strategy keeps none; a non-finite loss or weight stops the run at its step). Weights go to the makers
+both from ``coati_relay.algorithms``; one optimizer step each per batch through the strategy's engine backends
+(fp16/bf16 models step fp32 master weights where the plugin keeps none; a non-finite loss or weight stops the run at
+its step with `coati_relay.training.finite_checks.NonFiniteTrainingError`). Weights go to the makers
 with the chunked ``update_experience_maker`` protocol: actor keys are Hugging Face model keys, critic keys
 ``Critic`` keys; after training only the trainable tensors (with ``update_lora_weights``, only
 ``lora_A``/``lora_B``) go out, cast to fp16. Each shard goes into the object store once for all makers, packed as
@@ -28,7 +29,6 @@ from coati_compat.legacy.losses import PolicyLoss, ValueLoss
 from coati_compat.legacy.ray_utils import get_model_numel, set_dist_env, state_dict_to
 from coati_compat.legacy.strategies import GeminiStrategy, LowLevelZeroStrategy
 from coati_compat.legacy.tables import LEGACY_LR
-from coati_compat.shims.finite_checks import check_losses, check_weights
 from coati_compat.shims.remote import legacy_actor_class, wait_refs
 from coati_compat.shims.trainer_base import TRAINER_CONCURRENCY_GROUPS, DetachedTrainer
 from coati_relay.weight_sync import PackedStateDict
@@ -88,16 +88,13 @@ class DetachedPPOTrainerImpl(DetachedTrainer):
 
         Raises `NonFiniteTrainingError` at the step whose loss or updated weights are inf/NaN.
         """
-        step = self.steps_done + 1
-        optimizers = {"actor": self.actor_optim, "critic": self.critic_optim}
         self.actor.train()
         self.critic.train()
         num_actions = experience.action_mask.size(1)
         action_log_probs = self.actor(experience.sequences, num_actions, attention_mask=experience.attention_mask)
         actor_loss = self.actor_loss_fn(action_log_probs, experience.action_log_probs, experience.advantages,
                                         action_mask=experience.action_mask)
-        check_losses(step, {"actor_loss": actor_loss}, experience, optimizers)
-        self.strategy.backward(actor_loss, self.actor, self.actor_optim)
+        self.strategy.backward(actor_loss, self.actor, self.actor_optim, loss_name="actor_loss", batch=experience)
         self.strategy.optimizer_step(self.actor_optim)
         self.actor_optim.zero_grad()
 
@@ -105,12 +102,11 @@ class DetachedPPOTrainerImpl(DetachedTrainer):
                              attention_mask=experience.attention_mask)
         critic_loss = self.critic_loss_fn(values, experience.values, experience.reward,
                                           action_mask=experience.action_mask)
-        check_losses(step, {"critic_loss": critic_loss}, experience, optimizers)
-        self.strategy.backward(critic_loss, self.critic, self.critic_optim)
+        self.strategy.backward(critic_loss, self.critic, self.critic_optim, loss_name="critic_loss",
+                               batch=experience)
         self.strategy.optimizer_step(self.critic_optim)
         self.critic_optim.zero_grad()
-        check_weights(step, {"actor": self.actor, "critic": self.critic}, optimizers)
-        self.steps_done = step
+        self.steps_done += 1
         return {"actor_loss": actor_loss.item(), "critic_loss": critic_loss.item()}
 
     # -- weight push ---------------------------------------------------------------------------------------------

@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from coati_compat.legacy.experience import Experience
-from coati_compat.legacy.master_weights import DynamicLossScale, MasterWeightOptimizer, find_master_optimizer
 from coati_compat.legacy.model_families import LlamaActor, LlamaCritic
 from coati_compat.legacy.strategies import NaiveStrategy
-from coati_compat.shims.finite_checks import NonFiniteTrainingError, check_weights
 from coati_compat.shims.ppo_trainer import DetachedPPOTrainerImpl
 from coati_relay.toy import tiny_config
+from coati_relay.training.finite_checks import NonFiniteTrainingError, check_weights
+from coati_relay.training.master_weights import DynamicLossScale, MasterWeightOptimizer, find_master_optimizer
 
 CFG = tiny_config("llama")
 
