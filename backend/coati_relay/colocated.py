@@ -10,13 +10,18 @@ checkpoints are the same code as in the disaggregated run (`coati_relay.launch`)
 - vLLM: the engine runs in this process with its own copy of the weights (its layers fuse q/k/v and gate/up, and
   on the CPU it packs each linear weight into its GEMM kernel's layout after loading, so it cannot read the training
   model's parameters); after each round the consumer hands the trained weights to it directly
-  (`InProcessPublisher`): a copy in memory and the engine's reload, no serialisation or transfer.
+  (`InProcessPublisher`): a copy in memory and the engine's reload, no serialisation or transfer. On CUDA the
+  engine starts on what the trainer left of the GPU (`colocated_engine_kwargs`) and sleeps while the policy trains
+  (``enable_sleep_mode``: its weights go to host memory, its KV cache is freed); the publisher wakes it before
+  loading the trained weights.
 """
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
+from dataclasses import replace
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -39,8 +44,34 @@ class InProcessPublisher:
         if tensors is None or adapters is not None:
             raise ValueError("InProcessPublisher.publish: a colocated run publishes full weights (tensors=) only")
         t0 = time.perf_counter()
+        wake_up = getattr(self.backend, "wake_up", None)
+        if wake_up is not None:  # an engine asleep during training gets its memory back first
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # what training cached and no longer holds
+            wake_up()
         self.backend.load_weights(version, tensors)
         return {"weight_publish_s": time.perf_counter() - t0}
+
+
+# Share of the GPU memory left after the trainer loaded that a colocated vLLM engine takes (the rest: activations
+# of the forwards without gradient that run while it is awake, allocator slack).
+ENGINE_SHARE_OF_FREE = 0.85
+
+
+def colocated_engine_kwargs(kwargs: Dict[str, Any], free_bytes: int, total_bytes: int) -> Dict[str, Any]:
+    """A colocated vLLM engine's keywords on CUDA: ``enable_sleep_mode`` (it sleeps while the policy trains) and,
+    unless the user sized the engine (``gpu_memory_utilization``, ``kv_cache_memory_bytes``), a
+    ``gpu_memory_utilization`` (a fraction of the whole GPU, as vLLM reads it) of `ENGINE_SHARE_OF_FREE` of what
+    the trainer left free: vLLM's default 0.9 of the GPU does not fit beside a loaded trainer."""
+    out = {"enable_sleep_mode": True, **kwargs}
+    if "gpu_memory_utilization" not in out and "kv_cache_memory_bytes" not in out:
+        share = math.floor(100 * ENGINE_SHARE_OF_FREE * free_bytes / total_bytes) / 100
+        if share < 0.05:
+            raise RuntimeError(f"colocated vLLM: the trainer left {free_bytes / 2**30:.1f} of "
+                               f"{total_bytes / 2**30:.1f} GiB free on the GPU, too little for the engine; use a "
+                               f"smaller model or batch, a plugin that shards (zero2, gemini), or colocate=False")
+        out["gpu_memory_utilization"] = share
+    return out
 
 
 def run_colocated(cfg: RunConfig, start_round: int) -> Any:
@@ -70,6 +101,10 @@ def _run(cfg: RunConfig, start_round: int) -> Any:
     if consumer.round != start_round:
         raise RuntimeError(f"colocated run: the checkpoint put the consumer at round {consumer.round}, the driver "
                            f"read round {start_round}; resume_from points at an inconsistent checkpoint")
+    if cfg.roles.inference_backend == "vllm" and torch.cuda.is_available():  # the trainer loaded first
+        free, total = torch.cuda.mem_get_info()
+        kwargs = colocated_engine_kwargs(cfg.models.inference_model_kwargs, free, total)
+        cfg = replace(cfg, models=replace(cfg.models, inference_model_kwargs=kwargs))
     producer = ProducerWorker(0, cfg, queue=None, weight_store=None, start_version=start_round)
     producer.setup_colocated(policy)
     shared = getattr(producer.backend, "shared", False)
@@ -91,6 +126,9 @@ def _run(cfg: RunConfig, start_round: int) -> Any:
                 producer.backend.weight_version = r  # the policy holds round r's weights: trained in place
             tasks = range(r * cfg.tasks_per_round, (r + 1) * cfg.tasks_per_round)
             made = [producer.make_rollout(task) for task in tasks]
+            sleep = getattr(producer.backend, "sleep", None)
+            if sleep is not None:  # vLLM hands its GPU memory to training; the publisher wakes it
+                sleep()
             rollouts = [rollout for rollout, _ in made]
             metrics = consumer.finish_round(rollouts, [meta for _, meta in made], [r] * len(made), t0,
                                             wait_s=time.perf_counter() - t0)

@@ -74,6 +74,8 @@ VLLM_KEYS: Dict[str, Check] = {
     "max_num_batched_tokens": Check(_positive_int, "an int > 0"),
     "block_size": Check(_positive_int, "an int > 0"),
     "enforce_eager": Check(_flag, "a bool"),
+    "enable_sleep_mode": Check(_flag, "a bool (CUDA: the engine can free its GPU memory while a colocated policy "
+                                      "trains; on by default there)"),
     "enable_chunked_prefill": Check(_flag, "a bool"),
     "enable_prefix_caching": Check(_flag, "a bool"),
     "disable_custom_all_reduce": Check(_flag, "a bool"),

@@ -107,6 +107,8 @@ class VLLMBackend:
             logger.warning("vLLM %s has no logprobs_mode: its log-probs may not be those of the tempered "
                            "distribution; recompute them on the consumer", self.vllm_version)
         kwargs.update(llm_kwargs)
+        self.sleeps = bool(kwargs.get("enable_sleep_mode"))
+        self.asleep = False
         start = time.perf_counter()
         self.llm = vllm.LLM(**kwargs)
         self.start_seconds = time.perf_counter() - start
@@ -155,6 +157,7 @@ class VLLMBackend:
         """Samples ``n`` responses per prompt. Rows are prompt-major; R is the longest response of this call."""
         if self.llm is None:
             raise RuntimeError("VLLMBackend.generate: the backend was closed; build a new one")
+        self.wake_up()
         s = self.sampling
         prompts = check_prompts(prompts, n, self._vocab_size, self.max_model_len - s.max_new_tokens)
         info = check_info(info, len(prompts))
@@ -171,10 +174,24 @@ class VLLMBackend:
                              pad_sequence(logprobs, batch_first=True), lengths, stop_ids, self.pad_token_id,
                              self.weight_version, info)
 
+    def sleep(self) -> None:
+        """Frees the engine's GPU memory for training (``llm.sleep(level=1)``: weights to host memory, KV cache
+        dropped); `wake_up`, `generate` and `load_weights` bring it back. A no-op without ``enable_sleep_mode``."""
+        if self.llm is not None and self.sleeps and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        """Takes the engine's GPU memory back after `sleep`; a no-op when it is awake."""
+        if self.llm is not None and self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
     def load_weights(self, version: int, tensors: Dict[str, torch.Tensor]) -> None:
         """Loads the named weights (HF names, any subset) into the engine and records ``version``."""
         if self.llm is None:
             raise RuntimeError("VLLMBackend.load_weights: the backend was closed; build a new one")
+        self.wake_up()
         check_weight_update(tensors, self._shapes, version, type(self).__name__)
         with torch.no_grad():
             for name, t in tensors.items():
