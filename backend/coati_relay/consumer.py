@@ -381,11 +381,12 @@ class ConsumerWorker:
         micro = min(micro_batch_rows(b), n)
         counts = all_reduce_sum(torch.stack([(rows.mask * rows.loss_mask.unsqueeze(1)).sum(), rows.loss_mask.sum(),
                                              rows.mask.sum()]))
-        kept_tokens, kept_samples, valid_tokens = (max(c, 1.0) for c in counts.tolist())
-        train_policy = counts[1].item() > 0  # the same on every rank
-        sums: Dict[str, float] = {"skipped_steps": 0.0 if train_policy else 1.0}
+        host_counts = counts.tolist()  # the step's one host sync before its update
+        kept_tokens, kept_samples, valid_tokens = (max(c, 1.0) for c in host_counts)
+        train_policy = host_counts[1] > 0  # the same on every rank
         if not train_policy and self.critic is None:
-            return sums
+            return {"skipped_steps": 1.0}
+        sums: Dict[str, torch.Tensor] = {}  # on the device, read once after the step
         dp = self.world_size
         self.policy.train()
         for s in range(0, n, micro):
@@ -398,29 +399,32 @@ class ConsumerWorker:
                     logp, part.old_logp, part.adv, part.mask, clip_eps_low=a.clip_eps_low,
                     clip_eps_high=a.clip_eps_high, aggregation=a.loss_variation, per_token_kl=kl,
                     beta=a.beta if self.spec.kl_in_loss else 0.0, loss_mask=part.loss_mask,
-                    total_tokens=kept_tokens, num_samples=kept_samples)
+                    total_tokens=kept_tokens, num_samples=kept_samples, stats_on_host=False)
                 self.policy.backward(loss * dp)
-                _add(sums, "loss", loss.item())
+                _add(sums, "loss", loss.detach())
                 _add(sums, "clip_frac", st["clip_frac"] * share)
                 if kl is not None:
-                    _add(sums, "kl", algos.masked_mean(kl, part.mask).item() * share)
+                    _add(sums, "kl", algos.masked_mean(kl, part.mask).detach() * share)
             if self.critic is not None:
                 self.critic.train()
                 v = self._values(part.seq, part.attn, part.seq.size(1) - num_resp, num_resp)
                 vloss = algos.value_loss(v, part.values, part.returns, clip_eps=a.value_clip, mask=part.mask,
                                          total_tokens=valid_tokens)
                 self.critic.backward(vloss * dp)
-                _add(sums, "value_loss", vloss.item())
+                _add(sums, "value_loss", vloss.detach())
+        keys = sorted(sums)
+        stats = dict(zip(keys, torch.stack([sums[k].float() for k in keys]).tolist()))
+        stats["skipped_steps"] = 0.0 if train_policy else 1.0
         if train_policy:
             out = self.policy.step()
-            sums["lr"] = float(out["lr"])
+            stats["lr"] = float(out["lr"])
             if out["grad_norm"] is not None:
-                sums["grad_norm"] = out["grad_norm"]
+                stats["grad_norm"] = out["grad_norm"]
         self.policy.zero_grad()
         if self.critic is not None:
             self.critic.step()
             self.critic.zero_grad()
-        return sums
+        return stats
 
     def _over_ranks(self, stats: Dict[str, float]) -> Dict[str, float]:
         """The statistics of the whole data-parallel group: losses summed (each rank holds its share of the
@@ -455,5 +459,5 @@ class StepRows(NamedTuple):
         return StepRows(*(None if t is None else t[rows] for t in self))
 
 
-def _add(d: Dict[str, float], key: str, value: float) -> None:
-    d[key] = d.get(key, 0.0) + value
+def _add(d: Dict[str, torch.Tensor], key: str, value: torch.Tensor) -> None:
+    d[key] = value if key not in d else d[key] + value

@@ -66,10 +66,20 @@ def to_device(device: DeviceLike, tensor: Optional[torch.Tensor], *more: Optiona
 def to_device(device: DeviceLike, tensor: Optional[torch.Tensor], *more: Optional[torch.Tensor]):
     """Each tensor moved to ``device`` (None passes through): one tensor for one argument, else a tuple.
 
-    The one way a tensor reaches a model: where inputs and weights share a device the move is free.
+    The one way a tensor reaches a model: where inputs and weights share a device the move is free; from the host
+    to CUDA it goes through pinned memory, without blocking.
     """
-    moved = tuple(None if t is None else t.to(device) for t in (tensor, *more))
+    target = torch.device(device)
+    moved = tuple(None if t is None else _move(t, target) for t in (tensor, *more))
     return moved[0] if not more else moved
+
+
+def _move(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host to CUDA through pinned memory without blocking the host (the copy is queued on the current stream,
+    before any kernel that reads it); other moves as ``Tensor.to``."""
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:

@@ -113,3 +113,34 @@ def test_old_logprobs_and_values_are_computed_in_eval_mode_and_the_update_in_tra
     for name, calls in (("policy", policy.calls), ("critic", critic.calls)):
         assert {grad for _, grad in calls} == {True, False}, f"{name}: forwards with and without gradient"
         assert all(training == grad for training, grad in calls), f"{name} (training, grad) per forward: {calls}"
+
+
+def test_an_optimizer_step_syncs_with_the_host_as_often_whatever_its_micro_batches(paths, monkeypatch):
+    """Metrics stay tensors on the device over a step's micro-batches and are read once: on CUDA each read
+    (``item``, ``tolist``) waits for the GPU."""
+    reads = []
+    for name in ("item", "tolist"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, _f=original, _n=name: reads.append(_n) or _f(self))
+    rollout = make_rollout([[3, 4], [5], [6], [7, 8]], [[1, 2], [3], [4, 5, 6], [7], [2], [3, 4], [5], [6, 7]], 2,
+                           [1.0, 0.0, 0.5, 0.0, 1.0, 0.0, 0.0, 1.0], policy=BigramLM())
+    counts = {}
+    for microbatch in (8, 1):
+        cfg = make_config(*paths, core_algo="PPO", train_batch_size=4, group_size=2, kl_coef=0.1,
+                          microbatch=microbatch)
+        worker = ConsumerWorker.for_models(cfg, BigramLM(), reference=BigramLM(seed=1), critic=TokenCritic())
+        reads.clear()
+        worker._optimizer_step(worker_rows(worker, rollout), rollout.response_ids.size(1))
+        counts[microbatch] = len(reads)
+    assert counts[1] == counts[8], f"host reads per step by micro-batch size: {counts}"
+
+
+def worker_rows(worker, rollout):
+    """The `StepRows` of a whole rollout as `train_round` makes them (advantages of zeros: the reads are counted,
+    not the update)."""
+    from coati_relay.consumer import StepRows
+
+    n, r = rollout.num_sequences, rollout.response_ids.size(1)
+    mask = rollout.response_mask.float()
+    return StepRows(rollout.sequences, rollout.attention_mask, mask, rollout.logprobs, torch.zeros(n, r),
+                    torch.ones(n), rollout.logprobs, torch.zeros(n, r), torch.zeros(n, r))

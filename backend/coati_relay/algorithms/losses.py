@@ -43,7 +43,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
                 mask: Optional[torch.Tensor], clip_eps_low: float = 0.2, clip_eps_high: Optional[float] = None,
                 aggregation: str = "sample_level", per_token_kl: Optional[torch.Tensor] = None, beta: float = 0.0,
                 loss_mask: Optional[torch.Tensor] = None, total_tokens: Optional[torch.Tensor | float] = None,
-                num_samples: Optional[torch.Tensor | float] = None) -> Tuple[torch.Tensor, Dict[str, float]]:
+                num_samples: Optional[torch.Tensor | float] = None,
+                stats_on_host: bool = True) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Clipped surrogate policy loss with an asymmetric clip and an optional per-token KL term.
 
     logp, old_logp: [B,T] current and behaviour log-probs; advantages: [B], [B,1] or [B,T] (broadcast over T);
@@ -59,7 +60,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     ``clip_eps_high=None`` means ``eps_low``. With sample_level, eps 0.2, beta 0 and no loss_mask this is the legacy
     ``PolicyLoss``. Returns (scalar loss, stats) with stats ``loss``, ``clip_frac`` (fraction of valid tokens where
     the clipped term is the minimum), ``ratio_max``, ``ratio_mean``, ``approx_kl`` (masked mean of the k3 estimate of
-    KL(pi || pi_old)) and, with per_token_kl, ``kl``.
+    KL(pi || pi_old)) and, with per_token_kl, ``kl``: floats, or with ``stats_on_host=False`` 0-dim float32 tensors
+    on logp's device (no host sync: a training loop reads them once per step).
     """
     clip_eps_high = clip_eps_low if clip_eps_high is None else clip_eps_high
     _check_policy_inputs(logp, old_logp, advantages, mask, per_token_kl, beta, loss_mask, aggregation,
@@ -95,6 +97,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         }
         if per_token_kl is not None:
             named["kl"] = masked_mean(per_token_kl, m)
+        if not stats_on_host:
+            return loss, {k: v.float() for k, v in named.items()}
         values = torch.stack([v.float() for v in named.values()]).tolist()
     return loss, dict(zip(named, values))
 
