@@ -1,12 +1,13 @@
 """Marks and helpers of the GPU lane (``make test-gpu``): every test in this folder needs CUDA and skips without it,
-saying why (skipped, never passed)."""
+saying why (skipped, never passed); the vLLM tests also skip where vLLM cannot be imported, and the multi-rank ones
+where the host has fewer GPUs than ranks."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import pytest
 import torch
@@ -53,6 +54,19 @@ def non_finite(state: Dict[str, torch.Tensor]) -> List[str]:
     return [k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
 
 
+def needs_vllm():
+    """Skips the calling test where vLLM cannot be imported (its CUDA wheel is not on every GPU host)."""
+    return pytest.importorskip("vllm", reason="vLLM is not importable here: make setup-gpu installs its CUDA build; "
+                                              "an offline host without it skips the vLLM tests")
+
+
+def rose(history, key: str = "reward") -> Tuple[float, float]:
+    """(mean of the first quarter, mean of the last quarter) of ``key`` over a run's history."""
+    r = [h[key] for h in history]
+    k = max(2, len(r) // 4)
+    return sum(r[:k]) / k, sum(r[-k:]) / k
+
+
 def needs_cluster_gpus(ray, n: int) -> None:
     """Skips the test unless the Ray cluster has ``n`` GPUs (one per role of the run)."""
     have = int(ray.cluster_resources().get("GPU", 0))
@@ -63,7 +77,7 @@ def needs_cluster_gpus(ray, n: int) -> None:
 
 def run_kwargs(model: str, data: str, run_dir: Path, algo: str, backend: str, **over):
     """`launch_distributed` keywords of a short toy run on CUDA: one producer and one consumer (a GPU each),
-    LowLevelZero in bf16, 4 prompts x 4 responses a round, 2 rounds."""
+    LowLevelZero in bf16, 4 prompts x 4 responses a round, 2 rounds (``num_episodes`` more: 2 rounds each)."""
     engine = {"vllm": {"gpu_memory_utilization": 0.3, "enforce_eager": True}, "transformers": {}}[backend]
     kw = dict(
         num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,

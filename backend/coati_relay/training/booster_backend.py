@@ -1,7 +1,8 @@
 """The `TrainingBackend` seam: a model, its optimizer and LR schedule, boosted by a ColossalAI Booster plugin.
 
-On CPU the optimizer is ``torch.optim.AdamW``; on CUDA, ColossalAI's ``HybridAdam``. Where colossalai is not
-installed, plain torch does the same job (DDP when the process group has more than one rank). `TrainingBackend.around`
+On CPU the optimizer is ``torch.optim.AdamW``; on CUDA, its fused form, or ColossalAI's ``HybridAdam`` where the
+plugin needs it (`plugins.optimizer_kind`: Gemini, CPU offload). Where colossalai is not installed, plain torch
+does the same job (DDP when the process group has more than one rank). `TrainingBackend.around`
 takes a model and optimizer built elsewhere instead. Under the plugins that keep no fp32 master weights (``ddp``, no
 plugin) fp16/bf16 models step fp32 masters (`coati_relay.training.master_weights`); every backward and step checks
 for non-finite values (`coati_relay.training.finite_checks`). Model and optimizer files: `checkpoint_files`.
@@ -25,7 +26,7 @@ from . import checkpoint_files
 from .distributed import ensure_single_process_group
 from .finite_checks import check_losses, check_weights
 from .master_weights import find_master_optimizer, with_master_weights
-from .plugins import build_plugin, resolve_plugin
+from .plugins import build_plugin, optimizer_kind, resolve_plugin
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ class TrainingBackend:
         self.cuda = torch.cuda.is_available()
         ensure_single_process_group()
         self._device = accelerator_device()  # where every plugin (and the plain-torch fallback) puts the model
-        optimizer = self._make_optimizer(params, lr, betas, weight_decay)
+        optimizer = self._make_optimizer(params, lr, betas, weight_decay, options)
         schedule = None
         if scheduler is not None:
             schedule = LambdaLR(optimizer, WarmupSchedule(scheduler, warmup_steps, total_steps, min_lr_ratio))
@@ -244,12 +245,14 @@ class TrainingBackend:
         return self.plugin_name in ("zero2", "gemini")
 
     def _make_optimizer(self, params: Iterable[nn.Parameter], lr: float, betas: Tuple[float, float],
-                        weight_decay: float) -> torch.optim.Optimizer:
-        if self.cuda and _colossalai_installed():
+                        weight_decay: float, options: Dict[str, Any]) -> torch.optim.Optimizer:
+        kind = optimizer_kind(self.plugin_name if _colossalai_installed() else "ddp", options, self.cuda)
+        if kind == "hybrid_adam":
             from colossalai.nn.optimizer import HybridAdam
 
             return HybridAdam(params, lr=lr, betas=betas, weight_decay=weight_decay, adamw_mode=True)
-        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
+        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay,
+                                 fused=True if kind == "fused_adamw" else None)
 
     def _torch_wrap(self, model: nn.Module) -> nn.Module:
         import torch.distributed as dist
