@@ -151,6 +151,17 @@ def _moved_and_finite(initial: str, trained: Any) -> Dict[str, Any]:
             "finite": all(bool(torch.isfinite(after[k]).all()) for k in shared)}
 
 
+def gpu_peak() -> Dict[str, float]:
+    """On CUDA, ``gpu_peak_gib``: the most GPU memory this process's tensors held at once
+    (``torch.cuda.max_memory_allocated``; the whole of TRL and of a colocated run, the driver alone of a run with
+    actors); nothing elsewhere."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    return {"gpu_peak_gib": torch.cuda.max_memory_allocated() / 2 ** 30}
+
+
 def main(argv: List[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("side", choices=["trl", "engine"])
@@ -167,6 +178,7 @@ def main(argv: List[str]) -> int:
     else:
         result = run_engine(a.model, a.steps, work_dir, a.backend, a.colocate)
     result["pid"] = os.getpid()
+    result.update(gpu_peak())
     Path(a.out).write_text(json.dumps(result))
     return 0
 

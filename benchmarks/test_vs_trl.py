@@ -11,7 +11,8 @@ Sides: TRL, the engine disaggregated (Ray actors) with a vLLM or a transformers 
 engine loaded after every step.
 
 Figures per side (medians over the timed rounds; a round is one whole run): steady s/step (the steps after the
-first), samples/s, whole-run time, peak PSS, the reward curve and the first step whose reward reached 0.9, the FLOPs
+first), samples/s, whole-run time, peak PSS (on CUDA also ``gpu_peak_gib``, the GPU peak of the side's process,
+`peer_grpo.gpu_peak`), the reward curve and the first step whose reward reached 0.9, the FLOPs
 of a step's generation and training from the model's shapes (`flops.py`), and the achieved FLOP/s beside this
 machine's ``torch.mm`` peak measured in the same run. ``--benchmark-disable`` (the smoke run of ``make test``) runs
 each side once for 2 steps; ``make bench`` runs 3 rounds of 20 steps per side.
@@ -134,7 +135,8 @@ def _figures(runs: List[Dict[str, Any]], model: str, peak: float, side: str) -> 
                         "peak_pss_gib": run["peak_pss_gib"], "gflop_generation": gen / 1e9,
                         "gflop_training": train / 1e9, "gflop_executed": done / 1e9,
                         "gflop_per_s": done / s_step / 1e9,
-                        "generation_gflop_per_s": gen_done / max(s_gen, 1e-9) / 1e9})
+                        "generation_gflop_per_s": gen_done / max(s_gen, 1e-9) / 1e9,
+                        **({"gpu_peak_gib": run["gpu_peak_gib"]} if "gpu_peak_gib" in run else {})})
     out = {key: statistics.median(r[key] for r in per_run) for key in per_run[0]}
     out["fraction_of_matmul_peak"] = out["gflop_per_s"] * 1e9 / peak
     out["matmul_peak_gflop_per_s"] = peak / 1e9
