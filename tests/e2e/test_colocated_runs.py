@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from run_helpers import rose, run_kwargs
+from tracker_files import jsonl_steps, same, tensorboard_steps
 
 pytestmark = pytest.mark.slow
 
@@ -50,12 +51,16 @@ def test_colocated_reward_rises_and_weights_stay_finite(tiny_model_path, data, t
 def test_colocated_and_disaggregated_runs_give_the_same_numbers(ray_cluster, tiny_model_path, data, tmp_path):
     """Same seed, transformers producer: the per-step rewards, losses and gradient norms and the final weights
     agree exactly. The disaggregated producer loads bit-exact copies of the weights the colocated one reads in
-    place, and both draw from the same seeds."""
+    place, and both draw from the same seeds. Each run's TensorBoard events (written by its driver) equal its
+    metrics.jsonl."""
     from coati_relay import launch_distributed
 
     runs = {colocate: launch_distributed(**colocated_kwargs(tiny_model_path, data, tmp_path / str(colocate),
-                                                            rounds=3, colocate=colocate))
+                                                            rounds=3, colocate=colocate, report_to=["tensorboard"]))
             for colocate in (True, False)}
+    for colocate in runs:
+        run_dir = tmp_path / str(colocate)
+        assert same(tensorboard_steps(run_dir / "tensorboard"), jsonl_steps(run_dir)), f"colocate={colocate}"
     for key in ("reward", "loss", "grad_norm", "response_length"):
         assert [h[key] for h in runs[True].history] == [h[key] for h in runs[False].history], key
     assert runs[False].nodes, "the disaggregated run used Ray actors"
