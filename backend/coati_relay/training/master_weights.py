@@ -137,12 +137,15 @@ class MasterWeightOptimizer:
     def step(self, closure: Any = None) -> Optional[torch.Tensor]:
         """Unscales the model's gradients into the masters, steps them and writes them back into the model.
 
-        With fp16, a non-finite gradient (overflow at the current loss scale) skips the step and lowers the scale.
+        The model's low-precision gradients are consumed (set to None). With fp16, a non-finite gradient (overflow
+        at the current loss scale) skips the step and lowers the scale.
         """
         if closure is not None:
             raise ValueError("MasterWeightOptimizer.step does not take a closure")
         finite = self.unscale_grads()
         self._unscaled = None
+        for param, _ in self._pairs:  # consumed: a zero_grad of the wrapped optimizer clears only the masters
+            param.grad = None
         if self.loss_scale is not None:
             self.loss_scale.update(overflow=not finite)
             if not finite:

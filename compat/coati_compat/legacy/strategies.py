@@ -91,6 +91,15 @@ def _keep_actor_generate(backend: TrainingBackend) -> nn.Module:
     return boosted
 
 
+def _optimizer_chain(optimizer: Any) -> List[Any]:
+    """``optimizer`` and the optimizers it wraps (a plugin's wrapper, fp32 masters, the script's optimizer)."""
+    chain = []
+    while optimizer is not None and len(chain) < 4:
+        chain.append(optimizer)
+        optimizer = getattr(optimizer, "optim", None)
+    return chain
+
+
 def _role(model: nn.Module) -> str:
     """What errors call a prepared model: "actor", "critic", or its class name."""
     for cls in type(model).__mro__:
@@ -156,9 +165,10 @@ class Strategy(ABC):
         return backend
 
     def _backend(self, model: Optional[nn.Module] = None, optimizer: Any = None) -> Optional[TrainingBackend]:
-        """The backend that `prepare` gave ``optimizer`` (else ``model``); None when it gave neither."""
+        """The backend that `prepare` gave ``optimizer`` (or the optimizer inside its wrappers; else ``model``);
+        None when it gave neither."""
         for backend in self.backends:
-            if optimizer is not None and backend.optimizer is optimizer:
+            if optimizer is not None and any(o is optimizer for o in _optimizer_chain(backend.optimizer)):
                 return backend
         for backend in self.backends:
             if model is not None and backend.model is model:
