@@ -7,7 +7,9 @@ Both sides do the same GRPO work: the toy prompts (`coati_relay.toy`, numbered, 
 ``PROMPTS_PER_STEP`` prompts x ``GENERATIONS`` samples of at most ``NEW_TOKENS`` tokens per step, the ``toy_letter``
 reward, AdamW at ``LR`` with weight decay 0.01, a constant schedule, no gradient clipping, sample-level loss,
 ``beta = 0``, one optimizer step per generation round. The result file holds, per step, the wall time, the time spent
-generating, the mean reward and the number of sampled tokens, plus the whole run's time from process start.
+generating, the mean reward, the number of sampled tokens and the number of samples (TRL: the rows it generated and
+the rows its loss took; the engine: the rows the consumer trained on), plus the whole run's time from process
+start.
 """
 from __future__ import annotations
 
@@ -60,16 +62,16 @@ def run_trl(model: str, steps: int, work_dir: Path) -> Dict[str, Any]:
                                                                                                   gt_answer)]
 
     steps_out: List[Dict[str, float]] = []
-    gen = {"s": 0.0, "tokens": 0}
+    gen = {"s": 0.0, "tokens": 0, "rows": 0, "trained_rows": 0}
 
     class StepClock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
             self.t0 = time.perf_counter()
-            gen["s"], gen["tokens"] = 0.0, 0
+            gen.update(s=0.0, tokens=0, rows=0, trained_rows=0)
 
         def on_step_end(self, args, state, control, **kw):
             steps_out.append({"step_s": time.perf_counter() - self.t0, "generate_s": gen["s"],
-                              "tokens": gen["tokens"]})
+                              "tokens": gen["tokens"], "samples": gen["rows"], "trained_samples": gen["trained_rows"]})
 
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "reward" in logs and steps_out:
@@ -85,6 +87,7 @@ def run_trl(model: str, steps: int, work_dir: Path) -> Dict[str, Any]:
         gen["s"] += time.perf_counter() - t0
         prompt_len = (kwargs.get("input_ids") if "input_ids" in kwargs else args[0]).size(1)
         gen["tokens"] += int(out[:, prompt_len:].ne(tokenizer.pad_token_id).sum())
+        gen["rows"] += out.size(0)
         return out
 
     policy.generate = timed_generate
@@ -96,6 +99,13 @@ def run_trl(model: str, steps: int, work_dir: Path) -> Dict[str, Any]:
         save_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
     trainer = GRPOTrainer(model=policy, reward_funcs=toy_letter, args=config, train_dataset=data,
                           processing_class=tokenizer, callbacks=[StepClock()])
+    compute_loss = trainer.compute_loss
+
+    def counted_compute_loss(model: Any, inputs: Dict[str, Any], *args: Any, **kwargs: Any):
+        gen["trained_rows"] += inputs["completion_ids"].size(0)
+        return compute_loss(model, inputs, *args, **kwargs)
+
+    trainer.compute_loss = counted_compute_loss
     trainer.train()
     return {"side": "trl", "steps": steps_out, "params": _moved_and_finite(model, trainer.model)}
 
@@ -126,7 +136,7 @@ def run_engine(model: str, steps: int, work_dir: Path, backend: str, colocate: b
         if not colocate:
             ray.shutdown()
     out = [{"step_s": h["round_s"], "generate_s": h.get("generate_s", 0.0), "reward": h["reward"],
-            "tokens": h.get("response_length", 0.0) * h["samples"]} for h in result.history]
+            "tokens": h.get("response_length", 0.0) * h["samples"], "samples": h["samples"]} for h in result.history]
     ckpt = result.checkpoints[-1] if result.checkpoints else None
     side = f"engine-{'colocated-' if colocate else ''}{backend}"
     return {"side": side, "steps": out, "params": _moved_and_finite(model, ckpt)}

@@ -165,6 +165,9 @@ def test_grpo_vs_trl(benchmark, figures, tmp_path, peer_models, peak_flops, sett
     for run in runs:  # the same work on every side: steps, samples, bounded tokens, a trained, finite policy
         assert len(run["steps"]) == steps, run["steps"]
         for step in run["steps"]:
+            assert step["samples"] == SAMPLES_PER_STEP, step
+            if side == "trl":
+                assert step["trained_samples"] == SAMPLES_PER_STEP, step
             assert 0 < step["tokens"] <= SAMPLES_PER_STEP * NEW_TOKENS, step
             assert 0.0 <= step["reward"] <= 1.0, step
         assert run["params"]["checked"] and run["params"]["finite"], run["params"]
