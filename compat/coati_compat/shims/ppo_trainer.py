@@ -1,9 +1,11 @@
 """Legacy ``coati.ray.detached_trainer_ppo.DetachedPPOTrainer``: PPO with a critic on the legacy trainer loop.
 
-`DetachedPPOTrainerImpl` keeps the legacy step (legacy_spec §A.4): two optimizers (``HybridAdam`` under
-LowLevelZero/Gemini on CUDA, ``torch.optim.Adam`` otherwise) with the legacy ``lr=1e-7``; the clipped policy loss
-(sample-level, no KL term) against the batch's advantages and the clipped value loss against its KL-shaped reward,
-both from ``coati_relay.algorithms``; one optimizer step each per batch through the strategy's engine backends
+`DetachedPPOTrainerImpl` keeps the legacy step (legacy_spec §A.4): two Adam optimizers, picked as the engine picks
+its optimizer for the plugin (``HybridAdam`` for Gemini and CPU offload, torch's fused Adam elsewhere on CUDA: the
+legacy code built HybridAdam under LowLevelZero too, whose kernel takes about 60 s to build), with the legacy
+``lr=1e-7``; the clipped policy loss (sample-level, no KL term) against the batch's advantages and the clipped value
+loss against its KL-shaped reward, both from ``coati_relay.algorithms``; one optimizer step each per batch through
+the strategy's engine backends
 (fp16/bf16 models step fp32 master weights where the plugin keeps none; a non-finite loss or weight stops the run at
 its step with `coati_relay.training.finite_checks.NonFiniteTrainingError`). Weights go to the makers
 with the chunked ``update_experience_maker`` protocol: actor keys are Hugging Face model keys, critic keys
@@ -27,10 +29,10 @@ from coati_compat.legacy.experience import Experience
 from coati_compat.legacy.lora import LoRAConstructor
 from coati_compat.legacy.losses import PolicyLoss, ValueLoss
 from coati_compat.legacy.ray_utils import get_model_numel, set_dist_env, state_dict_to
-from coati_compat.legacy.strategies import GeminiStrategy, LowLevelZeroStrategy
 from coati_compat.legacy.tables import LEGACY_LR
 from coati_compat.shims.remote import legacy_actor_class, wait_refs
 from coati_compat.shims.trainer_base import TRAINER_CONCURRENCY_GROUPS, DetachedTrainer
+from coati_relay.training.plugins import optimizer_kind
 from coati_relay.weight_sync import PackedStateDict
 
 logger = logging.getLogger(__name__)
@@ -40,6 +42,19 @@ def _check_lr(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"DetachedPPOTrainer: {name} must be a positive number, got {value!r}")
     return float(value)
+
+
+def _legacy_adam(strategy: Any, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    """Adam over ``model`` as the engine would pick it for the strategy's plugin (`optimizer_kind`): ColossalAI's
+    ``HybridAdam`` where the plugin needs it (Gemini, CPU offload), torch's fused Adam elsewhere on CUDA, torch's
+    Adam on the CPU."""
+    plugin = getattr(strategy, "plugin_name", None) or "ddp"
+    kind = optimizer_kind(plugin, getattr(strategy, "plugin_options", {}), torch.cuda.is_available())
+    if kind == "hybrid_adam":
+        from colossalai.nn.optimizer import HybridAdam
+
+        return HybridAdam(model.parameters(), lr=lr)
+    return torch.optim.Adam(model.parameters(), lr=lr, fused=True if kind == "fused_adamw" else None)
 
 
 class DetachedPPOTrainerImpl(DetachedTrainer):
@@ -62,14 +77,8 @@ class DetachedPPOTrainerImpl(DetachedTrainer):
         callbacks = list(callbacks or [])
         if eval_performance:
             callbacks.append(TrainerPerformanceEvaluator(get_model_numel(actor), get_model_numel(critic)))
-        colossal = (isinstance(self.strategy, (LowLevelZeroStrategy, GeminiStrategy))
-                    and self.strategy.plugin_name in ("zero2", "gemini"))
-        if colossal:
-            from colossalai.nn.optimizer import HybridAdam as optim_cls
-        else:
-            optim_cls = torch.optim.Adam
-        actor_optim = optim_cls(actor.parameters(), lr=actor_lr)
-        critic_optim = optim_cls(critic.parameters(), lr=critic_lr)
+        actor_optim, critic_optim = (_legacy_adam(self.strategy, model, lr)
+                                     for model, lr in ((actor, actor_lr), (critic, critic_lr)))
         (self.actor, self.actor_optim), (self.critic, self.critic_optim) = self.strategy.prepare(
             (actor, actor_optim), (critic, critic_optim))
         self.actor_loss_fn = PolicyLoss(eps_clip)

@@ -70,3 +70,19 @@ def test_fp16_master_state_round_trips_through_the_strategy_files(tmp_path):
     assert other_optim.loss_scale.scale == optim.loss_scale.scale
     for mine, theirs in zip(optim.param_groups[0]["params"], other_optim.param_groups[0]["params"]):
         assert mine.dtype == torch.float32 and torch.equal(mine, theirs)
+
+
+@pytest.mark.parametrize("plugin,options,cuda,expected", [
+    (None, {}, False, None), ("ddp", {}, True, True), ("zero2", {"cpu_offload": False}, True, True)])
+def test_the_ppo_trainer_picks_adam_as_the_engine_picks_its_optimizer(monkeypatch, plugin, options, cuda,
+                                                                      expected):
+    """torch's fused Adam on CUDA where the plugin needs no HybridAdam (the legacy trainer built HybridAdam under
+    LowLevelZero, whose kernel build took minutes on a GPU host); torch's Adam on the CPU."""
+    from types import SimpleNamespace
+
+    from coati_compat.shims import ppo_trainer
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    optimizer = ppo_trainer._legacy_adam(SimpleNamespace(plugin_name=plugin, plugin_options=options), linear(), 1e-3)
+    assert type(optimizer) is torch.optim.Adam and optimizer.defaults["fused"] is expected
+    assert optimizer.defaults["lr"] == 1e-3
