@@ -45,6 +45,22 @@ def test_the_scripts_own_optimizer_object_steps_the_fp32_masters():
     assert prepared_optim.skipped_steps == 0 and len(strategy.backends) == 1
 
 
+def test_an_overflowing_fp16_step_does_not_poison_the_next_one():
+    """The script zeroes the optimizer it built (its groups hold the masters): the overflowed fp16 gradient must
+    not stay in the model for the next step."""
+    strategy = NaiveStrategy()
+    model = linear(torch.float16)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    _, prepared_optim = strategy.prepare((model, optimizer))
+    start = model.weight.detach().clone()
+    for scale in (1e4, 0.1):  # the first overflows at the loss scale 2 ** 16, the second does not
+        strategy.backward(model(torch.full((4, 6), scale).half()).float().mean(), model, optimizer)
+        strategy.optimizer_step(optimizer)
+        optimizer.zero_grad()
+    assert prepared_optim.skipped_steps == 1
+    assert torch.isfinite(model.weight).all() and not torch.equal(model.weight, start)
+
+
 def test_a_non_finite_loss_stops_through_the_strategy():
     strategy = NaiveStrategy()
     model, = strategy.prepare((linear(), None))[:1]
