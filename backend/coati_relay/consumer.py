@@ -205,7 +205,8 @@ class ConsumerWorker:
 
             return self.publisher.publish(version, adapters=lora_adapters(self.policy.unwrapped())) \
                 if publishing else {}
-        tensors = self.policy.state_dict_for_inference(keep=publishing)
+        # A publisher sending from the GPU (NCCL) takes the weights where they are: no copy to the host and back.
+        tensors = self.policy.state_dict_for_inference(keep=publishing, device=getattr(self.publisher, "device", None))
         return self.publisher.publish(version, tensors=tensors) if publishing else {}
 
     # -- the loop --------------------------------------------------------------------------------------------

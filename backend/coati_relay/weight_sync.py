@@ -19,8 +19,10 @@ from coati_relay.weight_store import PublishedWeights, WeightStoreActor, make_we
 FlatMeta = List[Tuple[str, str, Tuple[int, ...], int, int]]  # name, dtype, shape, offset, numel
 
 
-def flatten_state_dict(tensors: Dict[str, torch.Tensor]) -> Tuple[Dict[str, torch.Tensor], FlatMeta]:
-    """Packs tensors into one contiguous 1-D CPU buffer per dtype. Returns (buffers by dtype name, meta)."""
+def flatten_state_dict(tensors: Dict[str, torch.Tensor],
+                       device: Optional[torch.device] = None) -> Tuple[Dict[str, torch.Tensor], FlatMeta]:
+    """Packs tensors into one contiguous 1-D buffer per dtype on ``device`` (default: the CPU). Returns (buffers by
+    dtype name, meta)."""
     by_dtype: Dict[str, List[Tuple[str, torch.Tensor]]] = {}
     for name, t in tensors.items():
         by_dtype.setdefault(str(t.dtype).replace("torch.", ""), []).append((name, t))
@@ -31,7 +33,7 @@ def flatten_state_dict(tensors: Dict[str, torch.Tensor]) -> Tuple[Dict[str, torc
         for name, t in items:
             meta.append((name, dt, tuple(t.shape), offset, t.numel()))
             offset += t.numel()
-        buffers[dt] = torch.cat([t.detach().reshape(-1).cpu() for _, t in items]) if items else torch.empty(0)
+        buffers[dt] = torch.cat([t.detach().reshape(-1).to(device or "cpu") for _, t in items])
     return buffers, meta
 
 

@@ -1,5 +1,5 @@
 """WeightSync over a collective: consumer rank 0 broadcasts each version to every producer (NCCL where every member
-has CUDA, else gloo).
+has a GPU of its own, else gloo).
 
 The second implementation of the WeightSync seam (the first puts one copy in the object store). The bytes go rank 0
 -> producers over a process group of their own (rank 0: the publishing consumer, rank i+1: producer i), created
@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import datetime
 import logging
+import socket
 import threading
 import time
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -30,17 +31,18 @@ _POLL_S = 10.0
 
 class WeightGroup:
     """The broadcast group of one member: rank 0 hosts the TCP store; joining blocks until all ``world_size`` ranks
-    joined. Every member posts whether it has CUDA, and all pick the same backend from the posts: NCCL (buffers on
-    this process's current CUDA device) when every member has CUDA and torch has NCCL, else gloo (host memory)."""
+    joined. Every member posts its CUDA device (`device_identity`), and all pick the same backend from the posts:
+    NCCL (buffers on this process's current CUDA device) when every member has a GPU of its own and torch has NCCL,
+    else gloo (host memory)."""
 
     def __init__(self, addr: str, port: int, rank: int, world_size: int, timeout_s: float):
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.PrefixStore("coati-relay-weights",
                                  dist.TCPStore(addr, port, world_size, is_master=rank == 0, timeout=timeout))
-        store.set(f"cuda/{rank}", "1" if torch.cuda.is_available() else "0")
+        store.set(f"cuda/{rank}", device_identity())
         keys = [f"cuda/{r}" for r in range(world_size)]
         store.wait(keys, timeout)
-        self.backend = choose_backend([store.get(k).decode() == "1" for k in keys], dist.is_nccl_available())
+        self.backend = choose_backend([store.get(k).decode() for k in keys], dist.is_nccl_available())
         if self.backend == "nccl":
             self.device = torch.device("cuda", torch.cuda.current_device())
             self.group = dist.ProcessGroupNCCL(store, rank, world_size, _nccl_options(timeout))
@@ -56,9 +58,21 @@ class WeightGroup:
             self.group.broadcast(buffers[dt].view(torch.uint8), 0).wait()
 
 
-def choose_backend(members_have_cuda, nccl_available: bool) -> str:
-    """"nccl" when every member has CUDA and torch was built with NCCL, else "gloo"."""
-    return "nccl" if nccl_available and all(members_have_cuda) else "gloo"
+def device_identity() -> str:
+    """This process's CUDA device as ``host/uuid`` ("" without CUDA): members posting the same one share a GPU."""
+    if not torch.cuda.is_available():
+        return ""
+    index = torch.cuda.current_device()
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    return f"{socket.gethostname()}/{uuid if uuid is not None else index}"
+
+
+def choose_backend(member_devices: Sequence[str], nccl_available: bool) -> str:
+    """"nccl" when every member has a CUDA device of its own (`device_identity`: none empty, no two equal) and torch
+    was built with NCCL, else "gloo". NCCL refuses two ranks on one GPU ("invalid usage"), which a cluster declaring
+    one device as several logical GPUs gives a producer and a consumer."""
+    own = all(member_devices) and len(set(member_devices)) == len(member_devices)
+    return "nccl" if nccl_available and own else "gloo"
 
 
 def _nccl_options(timeout: datetime.timedelta):
@@ -82,6 +96,11 @@ class CollectivePublisher:
         self.store = store
         self.group = WeightGroup(addr, port, 0, world_size, timeout_s)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the consumer hands its weights over: the group's (the GPU under NCCL, no host round trip)."""
+        return self.group.device
+
     def publish(self, version: int, tensors: Optional[Dict[str, torch.Tensor]] = None, adapters=None,
                 timeout_s: float = 120.0) -> Dict[str, float]:
         import ray
@@ -92,18 +111,19 @@ class CollectivePublisher:
         scalings = None
         if adapters is not None:
             tensors, scalings = _adapters_as_tensors(adapters)
-        buffers, meta = flatten_state_dict(tensors)
+        buffers, meta = flatten_state_dict(tensors, device=self.device)
         sizes = {dt: b.numel() for dt, b in buffers.items()}
         nbytes = sum(b.numel() * b.element_size() for b in buffers.values())
         header = ray.put((meta, sizes, scalings))
         kind = "full" if scalings is None else "lora"
         ray.get(self.store.publish.remote(version, [header], kind, nbytes), timeout=timeout_s)
-        self.group.broadcast({dt: b.to(self.group.device) for dt, b in buffers.items()})
+        self.group.broadcast(buffers)
         return {"weight_publish_s": time.perf_counter() - t0, "weight_bytes": float(nbytes)}
 
 
 class CollectiveSubscriber:
-    """Producer i (rank i+1): a thread receives every version; `fetch` hands out the newest one."""
+    """Producer i (rank i+1): a thread receives every version; `fetch` hands out the newest one, once. At most one
+    version is held at a time: the last one's tensors are dropped before the next one arrives."""
 
     def __init__(self, store, addr: str, port: int, rank: int, world_size: int, first_version: int,
                  timeout_s: float, base_weights: Optional[Dict[str, torch.Tensor]] = None):
@@ -132,6 +152,9 @@ class CollectiveSubscriber:
                     raise RuntimeError(f"collective weight sync: expected version {version}, the store announced "
                                        f"{pub.version}; every version must be broadcast in order")
                 meta, sizes, scalings = ray.get(pub.payload[0])
+                with self._changed:  # the previous version's tensors go before the next one's arrive
+                    if self._latest is not None:
+                        self._latest = (self._latest[0], None, self._latest[2])
                 t0 = time.perf_counter()
                 buffers = {dt: torch.empty(n, dtype=_dtype(dt), device=self.group.device) for dt, n in sizes.items()}
                 self.group.broadcast(buffers)
@@ -158,7 +181,8 @@ class CollectiveSubscriber:
         t0 = time.perf_counter()
         deadline = time.monotonic() + timeout_s
         with self._changed:
-            while self._error is None and (self._latest is None or self._latest[0] < min_version):
+            while self._error is None and (self._latest is None or self._latest[1] is None or
+                                           self._latest[0] < min_version):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     have = None if self._latest is None else self._latest[0]
@@ -168,6 +192,7 @@ class CollectiveSubscriber:
             if self._error is not None:
                 raise RuntimeError(f"collective weight sync failed: {self._error}") from self._error
             version, tensors, transfer_s = self._latest
+            self._latest = (version, None, transfer_s)  # the caller's now: freed once it loaded them
         self.last_wait_s, self.last_transfer_s = time.perf_counter() - t0, transfer_s
         return version, tensors
 

@@ -27,12 +27,13 @@ def _pair(store, base=None, first_version=1):
 
 
 @pytest.mark.parametrize("members, nccl, expected", [
-    ([True, True, True], True, "nccl"),
-    ([True, False, True], True, "gloo"),   # one producer without CUDA: everyone falls back to host memory
-    ([True, True], False, "gloo"),         # a torch without NCCL
-    ([False, False], True, "gloo"),
+    (["h/GPU-a", "h/GPU-b", "h/GPU-c"], True, "nccl"),
+    (["h/GPU-a", "", "h/GPU-c"], True, "gloo"),  # one producer without CUDA: everyone falls back to host memory
+    (["h/GPU-a", "h/GPU-a"], True, "gloo"),      # two members on one GPU, which NCCL refuses
+    (["h/GPU-a", "h/GPU-b"], False, "gloo"),     # a torch without NCCL
+    (["", ""], True, "gloo"),
 ])
-def test_the_backend_is_nccl_only_when_every_member_has_cuda(members, nccl, expected):
+def test_the_backend_is_nccl_only_when_every_member_has_a_gpu_of_its_own(members, nccl, expected):
     assert choose_backend(members, nccl) == expected
 
 
