@@ -169,7 +169,7 @@ def consumer(ray_session, model, tmp_path_factory):
     from coati_relay.config import build_run_config
     from coati_relay.consumer import ConsumerWorker
     from coati_relay.toy import write_toy_dataset
-    from coati_relay.training.distributed import free_port
+    from coati_relay.training.distributed import process_group_env_kept
     from coati_relay.weight_sync import make_weight_store
 
     name, path = model
@@ -184,7 +184,8 @@ def consumer(ray_session, model, tmp_path_factory):
         grpo_config={"lr": LR, "critic_lr": LR, "train_microbatch_size": BATCH, "kl_coef": 0.1},
         run_dir=str(d / "run"), progress=False, seed=SEED)
     worker = ConsumerWorker(0, cfg, queue=None, weight_store=make_weight_store())
-    worker.setup("127.0.0.1", free_port())
+    with process_group_env_kept():  # the group is this process's own: processes started later must not see it
+        worker.setup(*worker.rendezvous()[:2])
     return worker
 
 

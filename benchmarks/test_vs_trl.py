@@ -63,12 +63,8 @@ def peer_models() -> Dict[str, str]:
 
 
 def _side_env() -> Dict[str, str]:
-    """This process's environment for a side, less a process group's rendezvous variables (a benchmark of this
-    session may have made a group of one here: a side inheriting LOCAL_RANK would take itself for a rank of it)."""
-    from coati_relay.training.distributed import RENDEZVOUS_ENV
-
-    drop = (*RENDEZVOUS_ENV, "LOCAL_RANK")
-    return {**{k: v for k, v in os.environ.items() if k not in drop}, "RAY_ADDRESS": "local"}
+    """This process's environment for a side (a group of one made here leaves none of its variables in it)."""
+    return {**os.environ, "RAY_ADDRESS": "local"}
 
 
 def run_side(side: str, model: str, steps: int, out_dir: Path) -> Dict[str, Any]:

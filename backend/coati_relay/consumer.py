@@ -74,30 +74,47 @@ class ConsumerWorker:
         self.store = weight_store
         self.publisher = None  # rank 0's, made in setup
         self.round = 0
+        self._hosted: Dict[str, Any] = {}  # rank 0: the rendezvous stores it hosts, from `rendezvous` to `setup`
 
     # -- set-up ----------------------------------------------------------------------------------------------
     def rendezvous(self) -> tuple:
-        """(address, port for the data-parallel group, port for the weight group) on this process's node."""
+        """Rank 0: hosts the stores of the data-parallel group and of the collective weight group (when the run
+        syncs weights that way) on ports that are bound from now on; returns (this node's address, the group's
+        port, the weight group's port or 0)."""
         import ray
 
-        from coati_relay.training.distributed import free_port
+        from coati_relay.training.rendezvous import host_store
 
-        return ray.util.get_node_ip_address(), free_port(), free_port()
+        timeout_s = self.cfg.roles.timeout_s
+        self._hosted["group"] = host_store(self.world_size, timeout_s)
+        if self.cfg.roles.weight_sync == "collective":
+            self._hosted["weights"] = host_store(self.cfg.roles.num_producers + 1, timeout_s)
+        ports = [self._hosted[k].port if k in self._hosted else 0 for k in ("group", "weights")]
+        return (ray.util.get_node_ip_address(), *ports)
 
     def setup(self, master_addr: str, master_port: int, weight_port: int = 0) -> Dict[str, Any]:
+        """Joins the stores rank 0's `rendezvous` hosts (its address and ports), loads the models and publishes the
+        first version (rank 0)."""
         from coati_relay.training.distributed import init_process_group
+        from coati_relay.training.rendezvous import join_store
 
         cfg = self.cfg
         t0 = time.perf_counter()
         torch.manual_seed(cfg.seed)
-        init_process_group(self.rank, self.world_size, master_addr, master_port, timeout_s=cfg.roles.timeout_s)
+        if self.rank == 0 and "group" not in self._hosted:
+            raise RuntimeError("ConsumerWorker.setup: rank 0 hosts the group's stores; call its rendezvous() first")
+        store = self._hosted.pop("group", None)
+        if store is None:
+            store = join_store(master_addr, master_port, self.world_size, cfg.roles.timeout_s)
+        init_process_group(self.rank, self.world_size, master_addr, master_port, timeout_s=cfg.roles.timeout_s,
+                           store=store)
         self._load()
         if self.rank == 0:
             if cfg.roles.weight_sync == "collective":
                 from coati_relay.weight_sync_collective import CollectivePublisher
 
-                self.publisher = CollectivePublisher(self.store, master_addr, weight_port, cfg.roles.num_producers + 1,
-                                                     cfg.roles.timeout_s)
+                self.publisher = CollectivePublisher(self.store, self._hosted.pop("weights"),
+                                                     cfg.roles.num_producers + 1, cfg.roles.timeout_s)
             else:
                 from coati_relay.weight_sync import WeightPublisher
 

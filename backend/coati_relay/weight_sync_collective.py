@@ -3,7 +3,8 @@ has a GPU of its own, else gloo).
 
 The second implementation of the WeightSync seam (the first puts one copy in the object store). The bytes go rank 0
 -> producers over a process group of their own (rank 0: the publishing consumer, rank i+1: producer i), created
-directly on a TCP store so that it lives beside the consumers' data-parallel group. The weight-store actor still
+directly on a TCP store (hosted by rank 0 on a port bound before anyone is told it, `training.rendezvous`) so that
+it lives beside the consumers' data-parallel group. The weight-store actor still
 announces each version (its dtype table and sizes), so a producer knows what to receive.
 
 Every producer must receive every version: a thread in each producer joins each broadcast as soon as it is
@@ -22,6 +23,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from coati_relay.training.rendezvous import join_store
 from coati_relay.weight_sync import flatten_state_dict, merge_lora, unflatten_state_dict
 
 log = logging.getLogger(__name__)
@@ -30,15 +32,15 @@ _POLL_S = 10.0
 
 
 class WeightGroup:
-    """The broadcast group of one member: rank 0 hosts the TCP store; joining blocks until all ``world_size`` ranks
-    joined. Every member posts its CUDA device (`device_identity`), and all pick the same backend from the posts:
-    NCCL (buffers on this process's current CUDA device) when every member has a GPU of its own and torch has NCCL,
-    else gloo (host memory)."""
+    """The broadcast group of one member, on ``tcp_store`` (rank 0: `rendezvous.host_store`, the others:
+    `rendezvous.join_store`); joining blocks until all ``world_size`` ranks joined. Every member posts
+    its CUDA device (`device_identity`), and all pick the same backend from the posts: NCCL (buffers on this
+    process's current CUDA device) when every member has a GPU of its own and torch has NCCL, else gloo (host
+    memory)."""
 
-    def __init__(self, addr: str, port: int, rank: int, world_size: int, timeout_s: float):
+    def __init__(self, tcp_store: dist.TCPStore, rank: int, world_size: int, timeout_s: float):
         timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.PrefixStore("coati-relay-weights",
-                                 dist.TCPStore(addr, port, world_size, is_master=rank == 0, timeout=timeout))
+        store = dist.PrefixStore("coati-relay-weights", tcp_store)
         store.set(f"cuda/{rank}", device_identity())
         keys = [f"cuda/{r}" for r in range(world_size)]
         store.wait(keys, timeout)
@@ -90,11 +92,12 @@ def _adapters_as_tensors(adapters) -> Tuple[Dict[str, torch.Tensor], Dict[str, f
 
 
 class CollectivePublisher:
-    """Consumer rank 0: announce version v in the weight store, then broadcast its bytes."""
+    """Consumer rank 0: announce version v in the weight store, then broadcast its bytes. ``tcp_store``: the group's
+    store, hosted here (`rendezvous.host_store`), whose port the producers were given."""
 
-    def __init__(self, store, addr: str, port: int, world_size: int, timeout_s: float):
+    def __init__(self, store, tcp_store: dist.TCPStore, world_size: int, timeout_s: float):
         self.store = store
-        self.group = WeightGroup(addr, port, 0, world_size, timeout_s)
+        self.group = WeightGroup(tcp_store, 0, world_size, timeout_s)
 
     @property
     def device(self) -> torch.device:
@@ -130,7 +133,7 @@ class CollectiveSubscriber:
         self.store = store
         self.base_weights = base_weights
         self.timeout_s = timeout_s
-        self.group = WeightGroup(addr, port, rank, world_size, timeout_s)
+        self.group = WeightGroup(join_store(addr, port, world_size, timeout_s), rank, world_size, timeout_s)
         self.last_wait_s = self.last_transfer_s = 0.0
         self._latest: Optional[Tuple[int, Dict[str, torch.Tensor], float]] = None
         self._error: Optional[BaseException] = None

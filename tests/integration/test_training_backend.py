@@ -251,7 +251,7 @@ def test_two_process_data_parallel_step_equals_one_process_on_the_whole_batch(ti
 
 def test_the_single_process_group_leaves_the_rendezvous_environment_alone(tmp_path):
     """A driver that trains in place (colocated runs, tests) holds a group of one; the processes it starts later
-    must not inherit RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT pointing at the port it holds."""
+    must not inherit RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT pointing at the port it holds, nor a LOCAL_RANK."""
     import subprocess
     import sys
 
@@ -260,10 +260,10 @@ def test_the_single_process_group_leaves_the_rendezvous_environment_alone(tmp_pa
              "from coati_relay.training.distributed import ensure_single_process_group\n"
              "ensure_single_process_group()\n"
              "assert dist.is_initialized() and dist.get_world_size() == 1\n"
-             "print(sorted(k for k in ('RANK', 'WORLD_SIZE', 'MASTER_PORT') if k in os.environ), "
+             "print(sorted(k for k in ('RANK', 'WORLD_SIZE', 'MASTER_PORT', 'LOCAL_RANK') if k in os.environ), "
              "os.environ['MASTER_ADDR'])\n")
     env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
-                                                                         "MASTER_PORT")}
+                                                                         "MASTER_PORT", "LOCAL_RANK")}
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["[]", "user-set"]

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from coati_relay.training.distributed import free_port
+from coati_relay.training.rendezvous import host_store
 from coati_relay.weight_sync import make_weight_store
 from coati_relay.weight_sync_collective import CollectivePublisher, CollectiveSubscriber, choose_backend
 
@@ -16,12 +16,12 @@ pytestmark = pytest.mark.slow
 
 def _pair(store, base=None, first_version=1):
     """A publisher (rank 0) and a subscriber (rank 1) in this process; each constructor waits for the other."""
-    port = free_port()
+    hosted = host_store(2, timeout_s=60)
     made = {}
     sub = threading.Thread(target=lambda: made.setdefault("sub", CollectiveSubscriber(
-        store, "127.0.0.1", port, 1, 2, first_version, timeout_s=60, base_weights=base)))
+        store, "127.0.0.1", hosted.port, 1, 2, first_version, timeout_s=60, base_weights=base)))
     sub.start()
-    pub = CollectivePublisher(store, "127.0.0.1", port, 2, timeout_s=60)
+    pub = CollectivePublisher(store, hosted, 2, timeout_s=60)
     sub.join(timeout=60)
     return pub, made["sub"]
 

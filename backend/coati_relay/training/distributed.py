@@ -7,14 +7,17 @@ group, device of the local rank), except seeding, and adds a timeout to the rend
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
 import socket
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
+
+from coati_relay.training.rendezvous import host_store
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +25,9 @@ _BACKENDS = ("gloo", "nccl")
 
 
 def free_port() -> int:
-    """A TCP port that is free on this host right now (the OS picks it)."""
+    """A TCP port that is free on this host right now (the OS picks it), for a caller that must name a port before
+    any store binds it (a legacy ``env_info``). Anything may take it before then: a group of this package hosts its
+    store on a port of its own instead (`coati_relay.training.rendezvous`)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return s.getsockname()[1]
@@ -37,11 +42,14 @@ def _accelerator_backend() -> str:
 
 
 def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int,
-                       backend: Optional[str] = None, timeout_s: float = 300) -> None:
+                       backend: Optional[str] = None, timeout_s: float = 300,
+                       store: Optional[dist.Store] = None) -> None:
     """Joins (or, for rank 0, creates) the default process group; a no-op when this process is already in it.
 
     backend: "gloo" or "nccl"; None picks the accelerator's (gloo on CPU, NCCL on CUDA).
     timeout_s: bound on the rendezvous and on every later collective.
+    store: the group's rendezvous store (`rendezvous.host_store` on rank 0, `rendezvous.join_store` on the others),
+        whose port ``master_port`` names; None: rank 0 binds ``master_port`` itself (it must still be free).
     """
     for key, value in (("rank", rank), ("world_size", world_size), ("master_port", master_port)):
         if isinstance(value, bool) or not isinstance(value, int):
@@ -74,27 +82,38 @@ def init_process_group(rank: int, world_size: int, master_addr: str, master_port
     host = f"[{master_addr}]" if ":" in master_addr else master_addr
     logger.info("joining process group tcp://%s:%d as rank %d of %d (%s)", host, master_port, rank, world_size,
                 backend)
-    dist.init_process_group(backend=backend, init_method=f"tcp://{host}:{master_port}", rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    where = {"store": store} if store is not None else {"init_method": f"tcp://{host}:{master_port}"}
+    dist.init_process_group(backend=backend, **where, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
 
 
 # The variables of a torch.distributed env:// rendezvous (``LOCAL_RANK`` aside: a launcher's, not the rendezvous').
 RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# Every variable `init_process_group` sets.
+PROCESS_GROUP_ENV = (*RENDEZVOUS_ENV, "LOCAL_RANK")
 
 
 def ensure_single_process_group(timeout_s: float = 60) -> None:
     """A process group of one on localhost when none exists (DDP and the plugins need one).
 
-    The group is this process's own (a driver training in place, a test): RANK, WORLD_SIZE, MASTER_ADDR and
-    MASTER_PORT are left as they were, so that a process it starts later does not inherit a rendezvous on the port
-    this one holds (a legacy strategy there would try to listen on it)."""
+    The group is this process's own (a driver training in place, a test): the variables of `PROCESS_GROUP_ENV` are
+    left as they were, so that a process it starts later does not inherit a rendezvous on the port this one holds
+    (a legacy strategy there would try to listen on it) or a LOCAL_RANK (it would take itself for a rank of it)."""
     if dist.is_initialized():
         return
-    saved = {key: os.environ.get(key) for key in RENDEZVOUS_ENV}
+    with process_group_env_kept():
+        store = host_store(1, timeout_s)
+        init_process_group(0, 1, "127.0.0.1", store.port, timeout_s=timeout_s, store=store)
+
+
+@contextlib.contextmanager
+def process_group_env_kept() -> Iterator[None]:
+    """The variables of `PROCESS_GROUP_ENV` as they were before the block (set, changed or removed in it)."""
+    saved = {key: os.environ.get(key) for key in PROCESS_GROUP_ENV}
     try:
-        init_process_group(0, 1, "127.0.0.1", free_port(), timeout_s=timeout_s)
+        yield
     finally:
         for key, value in saved.items():
             if value is None:

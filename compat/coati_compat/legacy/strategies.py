@@ -42,15 +42,27 @@ from coati_compat.legacy.tables import CLASS_PLUGINS, LEGACY_PRECISION, LOSS_SCA
 from coati_relay.training import checkpoint_files
 from coati_relay.training.booster_backend import TrainingBackend
 from coati_relay.training.distributed import RENDEZVOUS_ENV as DIST_ENV
+from coati_relay.training.distributed import init_process_group, process_group_env_kept
 from coati_relay.training.plugins import resolve_plugin
+from coati_relay.training.rendezvous import RayPortBoard, given_port_store
 
 logger = logging.getLogger(__name__)
 
 DIST_TIMEOUT = datetime.timedelta(minutes=30)
 
 
+def _in_ray() -> bool:
+    """Whether this process is connected to Ray (a legacy maker or trainer actor, or a driver)."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
 def _init_process_group_from_env(required: bool) -> None:
-    """Initialises the default process group from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (gloo without CUDA)."""
+    """Initialises the default process group from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (gloo without CUDA).
+
+    Inside Ray the group meets on MASTER_PORT or, when that port was taken since the script chose it, on one its
+    rank 0 binds and tells the others through Ray (`coati_relay.training.rendezvous.given_port_store`); elsewhere
+    (torchrun, spawned processes) through the launcher's rendezvous, as the legacy code did."""
     if dist.is_initialized():
         return
     missing = [k for k in DIST_ENV if k not in os.environ]
@@ -58,6 +70,14 @@ def _init_process_group_from_env(required: bool) -> None:
         if required:
             raise ValueError(f"the strategy needs the environment variables {list(DIST_ENV)}; {missing} are not set "
                              "(pass env_info to the trainer or maker, or call coati.ray.utils.set_dist_env first)")
+        return
+    if _in_ray():
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        timeout_s = DIST_TIMEOUT.total_seconds()
+        store = given_port_store(rank, world_size, addr, port, timeout_s, RayPortBoard())
+        with process_group_env_kept():  # the script's environment stays the script's
+            init_process_group(rank, world_size, addr, store.port, timeout_s=timeout_s, store=store)
         return
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
@@ -372,7 +392,8 @@ def _gemini_options(shard_init: bool, search_range_m: int, min_chunk_size_m: flo
 
 
 class _ColossalStrategy(DDPStrategy):
-    """LowLevelZero and Gemini: ``colossalai.launch_from_torch`` on CUDA; the ddp path after a CPU fallback."""
+    """LowLevelZero and Gemini: ``colossalai.launch_from_torch`` on CUDA outside Ray; the ddp path inside Ray (its
+    rendezvous cannot lose the port) and after a CPU fallback."""
 
     def __init__(self, plugin: str, options: Dict[str, Any], seed: int) -> None:
         loss_scale = {k: options[k] for k in LOSS_SCALE_KEYS}
@@ -380,7 +401,7 @@ class _ColossalStrategy(DDPStrategy):
                           loss_scale=loss_scale)
 
     def setup_distributed(self) -> None:
-        if self.plugin_name == "ddp" or dist.is_initialized():
+        if self.plugin_name == "ddp" or dist.is_initialized() or _in_ray():
             super().setup_distributed()
             return
         missing = [k for k in DIST_ENV if k not in os.environ]
