@@ -172,11 +172,6 @@ class Strategy(ABC):
     def model_init_context(self) -> ContextManager[None]:
         return contextlib.nullcontext()
 
-    @property
-    def keeps_master_weights(self) -> bool:
-        """True when the plugin in use keeps fp32 master weights itself (LowLevelZero and Gemini on CUDA)."""
-        return self.plugin_name in ("zero2", "gemini")
-
     def _prepare_one(self, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
                      **extras: Any) -> TrainingBackend:
         backend = TrainingBackend.around(model, optimizer, plugin=self.plugin_name, plugin_options=self.plugin_options,
