@@ -1,6 +1,7 @@
 """``coati-relay compare`` on the legacy examples with tiny models: the report's files and numbers, the verdict on a
 migrated run given another learning rate, and a four-role script the rewriter cannot fully translate (exit 3) whose
-reward rises on both sides."""
+reward rises on both sides; on reward, a migrated run that learns reads better than one at lr 1e-7 that does not,
+and a second run of one process reads same."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ import pytest
 from legacy_reward import fit_plain_text_reward_model
 from run_helpers import rose
 
-from coati_compat.compare.verdicts import BETTER, NOT_COMPARED, SAME, WORSE
+from coati_compat.compare.verdicts import BETTER, NOT_COMPARED, SAME, WORSE, curve_verdict
 from coati_relay.toy import build_tiny_model, write_toy_dataset
 
 pytestmark = pytest.mark.slow
@@ -107,22 +108,31 @@ def test_many_roles_with_another_learning_rate_does_not_read_same(many_roles):
     assert kl["difference"] > kl["noise"] > 0
 
 
-def test_four_role_script_learns_on_both_sides(tmp_path, prompts):
-    """A four-role script with a trained reward model (``--rm_path``) the rewriter converts: the reward rises on
-    both sides; exit 3 of the rewriter (the script's own actor classes), named in the report."""
-    gpt2 = build_tiny_model(tmp_path / "tiny-gpt2", arch="gpt2", hidden_size=64)
-    reward_model = fit_plain_text_reward_model(gpt2, tmp_path / "rm.pt")
+@pytest.fixture(scope="module")
+def four_role(tmp_path_factory, prompts):
+    """four_role_ppo.py with a trained reward model (``--rm_path``) at lr 3e-2: one legacy run and the migrated run,
+    LEARNING_STEPS steps each."""
+    cwd = tmp_path_factory.mktemp("compare-four")
+    gpt2 = build_tiny_model(cwd / "tiny-gpt2", arch="gpt2", hidden_size=64)
+    reward_model = fit_plain_text_reward_model(gpt2, cwd / "rm.pt")
     args = ["--pretrain", gpt2, "--prompt_csv", prompts, "--workers_per_role", 2, "--steps", LEARNING_STEPS,
             "--batch_size", 8, "--new_tokens", 8, "--lr", 3e-2, "--rm_path", reward_model,
-            "--save_dir", tmp_path / "ckpt"]
+            "--save_dir", cwd / "ckpt"]
     status, output, data = compare("four_role_ppo.py", ["--steps", LEARNING_STEPS, "--out", "report",
                                                         "--legacy-runs", 1, "--migrated-args", TRANSFORMERS],
-                                   args, tmp_path)
+                                   args, cwd)
     assert status == 0, output[-6000:]
+    return cwd, args, output, data
+
+
+def test_four_role_script_learns_on_both_sides(four_role):
+    """A four-role script with a trained reward model (``--rm_path``) the rewriter converts: the reward rises on
+    both sides; exit 3 of the rewriter (the script's own actor classes), named in the report."""
+    cwd, _, _, data = four_role
     assert data["rewriter"]["exit_code"] == 3 and "PolicyWorker" in data["rewriter"]["untranslated"][0]
-    report = (tmp_path / "report" / "report.md").read_text()
+    report = (cwd / "report" / "report.md").read_text()
     assert "The rewriter could not translate (exit 3)" in report and "PolicyWorker, ValueWorker" in report
-    assert (tmp_path / "rm.pt.relay" / "config.json").is_file(), "the migrated run converted the reward model"
+    assert (cwd / "rm.pt.relay" / "config.json").is_file(), "the migrated run converted the reward model"
     (legacy,) = data["legacy"]
     migrated = data["migrated"]
     steps = list(range(1, LEARNING_STEPS + 1))
@@ -136,6 +146,42 @@ def test_four_role_script_learns_on_both_sides(tmp_path, prompts):
     found = verdicts(data)
     assert found["push_s"] == NOT_COMPARED, "the script's policy workers sample with the weights they train"
     assert all(found[q] != NOT_COMPARED for q in ("reward", "kl", "actor_loss", "critic_loss", "s_per_step"))
-    four_role = [e for e in data["explanations"] if e["link"].endswith("#four-role") and "reward" in e["quantities"]]
-    assert any("legacy_reward_model" in e["text"] for e in four_role), "the reading of the reward model is explained"
+    notes = [e for e in data["explanations"] if e["link"].endswith("#four-role") and "reward" in e["quantities"]]
+    assert any("legacy_reward_model" in e["text"] for e in notes), "the reading of the reward model is explained"
     assert any(e["text"].startswith("KL estimate of the maker") for e in data["explanations"]), "compute_reward"
+
+
+@pytest.fixture(scope="module")
+def four_role_still(four_role):
+    """The four-role legacy run (reused) against a migrated run at lr 1e-7, which does not learn."""
+    cwd, args, _, _ = four_role
+    status, output, data = compare("four_role_ppo.py", ["--steps", LEARNING_STEPS, "--out", "report-still",
+                                                        "--reuse-legacy", "report",
+                                                        "--migrated-args", f"{TRANSFORMERS} --lr 1e-7"], args, cwd)
+    assert status == 0, output[-6000:]
+    assert data["migrated_args"][-2:] == ["--lr", "1e-7"] and len(data["migrated"]["rows"]) == LEARNING_STEPS
+    return data
+
+
+def test_reward_reads_better_for_a_run_that_learns_and_same_for_another_run_of_its_process(four_role,
+                                                                                             four_role_still):
+    """The engine's reward and the legacy script's are not on one scale (the converted reward model reads the last
+    token where the legacy one averaged the positions: see the four-role explanation), so the reward verdicts
+    "better" and "same" are read against the engine's own runs: the lr 1e-7 run above stands as the legacy side
+    (an earlier report, ``--reuse-legacy``), and a migrated run at the script's lr 3e-2 learns where it does not
+    (better); against the first report's migrated run, a run of that same (seeded) process, it reads same."""
+    cwd, args, _, first = four_role
+    still = dict(four_role_still, legacy=[four_role_still["migrated"]])
+    (cwd / "engine-still").mkdir()
+    (cwd / "engine-still" / "compare.json").write_text(json.dumps(still))
+    status, output, data = compare("four_role_ppo.py", ["--steps", LEARNING_STEPS, "--out", "report-learns",
+                                                        "--reuse-legacy", "engine-still", "--migrated-args",
+                                                        TRANSFORMERS], args, cwd)
+    assert status == 0, output[-6000:]
+    assert [r["step"] for r in data["migrated"]["rows"]] == list(range(1, LEARNING_STEPS + 1))
+    reward = next(v for v in data["verdicts"] if v["quantity"] == "reward")
+    assert reward["verdict"] == BETTER and reward["difference"] > reward["noise"] > 0, reward
+
+    again = curve_verdict("reward", [[r["reward"] for r in first["migrated"]["rows"]]],
+                          [r["reward"] for r in data["migrated"]["rows"]], "higher")
+    assert again.verdict == SAME, again
