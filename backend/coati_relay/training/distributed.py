@@ -89,6 +89,28 @@ def init_process_group(rank: int, world_size: int, master_addr: str, master_port
         torch.cuda.set_device(local_rank)
 
 
+def init_process_group_from_env(timeout_s: float = 300) -> None:
+    """Joins the default process group through a launcher's ``env://`` rendezvous: `RENDEZVOUS_ENV` set by torchrun
+    (whose agent already hosts the store on MASTER_PORT) or by a script that spawns its ranks; a no-op when this
+    process is already in a group. gloo on CPU, NCCL on CUDA (on the device of LOCAL_RANK).
+
+    timeout_s: bound on the rendezvous and on every later collective.
+    """
+    if dist.is_initialized():
+        return
+    missing = [key for key in RENDEZVOUS_ENV if key not in os.environ]
+    if missing:
+        raise ValueError(f"init_process_group_from_env: {missing} are not set; a launcher (torchrun) sets "
+                         f"{list(RENDEZVOUS_ENV)}, or call init_process_group with them")
+    if timeout_s <= 0:
+        raise ValueError(f"init_process_group_from_env: timeout_s must be > 0, got {timeout_s}")
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, init_method="env://", rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]), timeout=datetime.timedelta(seconds=timeout_s))
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
 # The variables of a torch.distributed env:// rendezvous (``LOCAL_RANK`` aside: a launcher's, not the rendezvous').
 RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # Every variable `init_process_group` sets.

@@ -42,7 +42,7 @@ from coati_compat.legacy.tables import CLASS_PLUGINS, LEGACY_PRECISION, LOSS_SCA
 from coati_relay.training import checkpoint_files
 from coati_relay.training.booster_backend import TrainingBackend
 from coati_relay.training.distributed import RENDEZVOUS_ENV as DIST_ENV
-from coati_relay.training.distributed import init_process_group, process_group_env_kept
+from coati_relay.training.distributed import init_process_group, init_process_group_from_env, process_group_env_kept
 from coati_relay.training.plugins import resolve_plugin
 from coati_relay.training.rendezvous import RayPortBoard, given_port_store
 
@@ -62,7 +62,8 @@ def _init_process_group_from_env(required: bool) -> None:
 
     Inside Ray the group meets on MASTER_PORT or, when that port was taken since the script chose it, on one its
     rank 0 binds and tells the others through Ray (`coati_relay.training.rendezvous.given_port_store`); elsewhere
-    (torchrun, spawned processes) through the launcher's rendezvous, as the legacy code did."""
+    (torchrun, spawned processes) through the launcher's rendezvous, as the legacy code did
+    (`coati_relay.training.distributed.init_process_group_from_env`)."""
     if dist.is_initialized():
         return
     missing = [k for k in DIST_ENV if k not in os.environ]
@@ -79,11 +80,7 @@ def _init_process_group_from_env(required: bool) -> None:
         with process_group_env_kept():  # the script's environment stays the script's
             init_process_group(rank, world_size, addr, store.port, timeout_s=timeout_s, store=store)
         return
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
-                            timeout=DIST_TIMEOUT)
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    init_process_group_from_env(timeout_s=DIST_TIMEOUT.total_seconds())
 
 
 def _seed_everything(seed: int) -> None:
@@ -387,24 +384,14 @@ def _gemini_options(shard_init: bool, search_range_m: int, min_chunk_size_m: flo
 
 
 class _ColossalStrategy(DDPStrategy):
-    """LowLevelZero and Gemini: ``colossalai.launch_from_torch`` on CUDA outside Ray; the ddp path inside Ray (its
-    rendezvous cannot lose the port) and after a CPU fallback."""
+    """LowLevelZero and Gemini: their plugin on CUDA, the ddp path after a CPU fallback; the process group as for
+    DDP (what ``colossalai.launch_from_torch`` did: the group of the launcher's rendezvous, the local rank's device,
+    the seed)."""
 
     def __init__(self, plugin: str, options: Dict[str, Any], seed: int) -> None:
         loss_scale = {k: options[k] for k in LOSS_SCALE_KEYS}
         Strategy.__init__(self, plugin=plugin, plugin_options=plugin_settings(plugin, options), seed=seed,
                           loss_scale=loss_scale)
-
-    def setup_distributed(self) -> None:
-        if self.plugin_name == "ddp" or dist.is_initialized() or _in_ray():
-            super().setup_distributed()
-            return
-        missing = [k for k in DIST_ENV if k not in os.environ]
-        if missing:
-            raise ValueError(f"the strategy needs the environment variables {list(DIST_ENV)}; {missing} are not set")
-        import colossalai
-
-        colossalai.launch_from_torch(seed=self.seed)
 
 
 @deprecated_api("coati.trainer.strategies.LowLevelZeroStrategy")
