@@ -16,6 +16,9 @@ coati-relay:
 - a legacy-only path (``coati.trainer.strategies``, ``coati.models.gpt``, ``coati.replay_buffer``, ...) is served;
 - a V2 module that fails to import (a dependency missing here) is replaced by the legacy module of that path, or by
   an empty package, so legacy paths under it still import; its own names then raise the original ImportError.
+  Where the failure comes from a package ColossalChat needs and this host lacks (``loralib``, ``jsonlines``, ...),
+  also through V2 modules that failed because another one did, the warning and every name the legacy module lacks
+  name that package and the ``pip install`` that fixes it.
 
 Cheap on purpose, since ``install()`` runs at start-up of every interpreter (``coati_relay_legacy.pth``): it
 imports only modules the interpreter has already loaded (the finder and loader follow the import protocols without
@@ -191,18 +194,59 @@ def _add_legacy_names(module: ModuleType, fullname: str) -> None:
             warn_deprecated(fullname)
 
 
-def _raise_on_names(module: ModuleType, fullname: str, error: BaseException) -> None:
+# module name (V2's, and that of the legacy module served in its place) -> the package outside ``coati`` whose
+# absence made V2's module fail
+_missing_packages: dict[str, str] = {}
+
+
+def _missing_package(error: ImportError) -> Optional[str]:
+    """The package ColossalChat needs that ``error`` comes from: the module not found, when it is outside ``coati``,
+    or the one that made the module ``error`` names fail (a V2 module importing from a failed one)."""
+    if isinstance(error, ModuleNotFoundError) and error.name:
+        top = error.name.partition(".")[0]
+        if top not in (ROOT, "coati_compat", "coati_relay"):
+            return top
+    return _missing_packages.get(error.name or "")
+
+
+def _failure(fullname: str, error: ImportError) -> str:
+    package = _missing_package(error)
+    if package is None:
+        return f"ColossalChat's {fullname} failed to import ({type(error).__name__}: {error})"
+    return (f"ColossalChat's {fullname} failed to import: ColossalChat needs the package {package!r}, which is not "
+            f"installed here (pip install {package})")
+
+
+def _raise_on_names(module: ModuleType, fullname: str, error: ImportError) -> None:
     """Makes the names a failed V2 module would have defined raise its original ImportError."""
     def __getattr__(name: str) -> Any:
         if not name.startswith("__"):
             value = _legacy_attribute(fullname, name)
             if value is not _MISSING:
                 return value
-            raise ImportError(f"cannot import name {name!r} from {fullname!r}: ColossalChat's {fullname} failed to "
-                              f"import ({type(error).__name__}: {error})") from error
+            raise ImportError(f"cannot import name {name!r} from {fullname!r}: {_failure(fullname, error)}") from error
         raise AttributeError(name)
 
     module.__getattr__ = __getattr__  # type: ignore[attr-defined]
+
+
+def _explain_missing_names(legacy: ModuleType, fullname: str, error: ImportError) -> None:
+    """Makes a public name that ``legacy`` (served in place of V2's failed ``fullname``) lacks raise an ImportError
+    that names the ColossalChat dependency that is missing, instead of a bare "cannot import name"."""
+    own: Optional[Callable[[str], Any]] = legacy.__dict__.get("__getattr__")
+
+    def __getattr__(name: str) -> Any:
+        if own is not None:
+            try:
+                return own(name)
+            except AttributeError:
+                pass
+        if name.startswith("_"):
+            raise AttributeError(f"module {legacy.__name__!r} has no attribute {name!r}")
+        raise ImportError(f"cannot import name {name!r} from {fullname!r}: {_failure(fullname, error)}; coati-relay "
+                          f"serves its legacy {fullname} in its place, which has no {name!r}", name=fullname) from error
+
+    legacy.__getattr__ = __getattr__  # type: ignore[attr-defined]
 
 
 class ColossalChatLoader:
@@ -222,13 +266,19 @@ class ColossalChatLoader:
         except ImportError as error:
             import logging
 
-            logging.getLogger(__name__).warning("ColossalChat's %s failed to import (%s); the legacy paths under it "
-                                                "are served by coati-relay", fullname, error)
+            package = _missing_package(error)
+            logging.getLogger(__name__).warning("%s; the legacy paths under it are served by coati-relay",
+                                                _failure(fullname, error))
             target = legacy_paths().modules.get(fullname)
+            if package is not None:
+                _missing_packages[fullname] = package
             if target is None:
                 _raise_on_names(module, fullname, error)
                 return
             legacy = importlib.import_module(target)
+            if package is not None:
+                _missing_packages[legacy.__name__] = package
+                _explain_missing_names(legacy, fullname, error)
             if module.__spec__.submodule_search_locations is not None and not hasattr(legacy, "__path__"):
                 legacy.__path__ = list(module.__spec__.submodule_search_locations)  # type: ignore[attr-defined]
             sys.modules[fullname] = legacy  # the import system returns what sys.modules holds after exec

@@ -2,13 +2,14 @@
 of our own (each class, function and object has a ``source`` attribute naming the module that defines it), so that
 the finder's coexistence can be tested without ColossalChat's dependencies.
 
-``write(root, broken=())`` writes the package under ``root``; a module named in ``broken`` raises ImportError on
-import, as a ColossalChat module does when one of its dependencies (wandb, datasets, ...) is missing.
+``write(root, broken=(), needs={})`` writes the package under ``root``; a module named in ``broken`` raises ImportError
+on import, as a ColossalChat module does when one of its dependencies (wandb, datasets, ...) is missing; a module
+``needs`` maps to a package first imports that package (``{"coati.models.lora": "loralib"}``).
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, List, Optional
 
 # module -> names it defines
 DEFINED: Dict[str, List[str]] = {
@@ -123,9 +124,9 @@ def exported_names() -> Dict[str, List[str]]:
     return names
 
 
-def write(root: Path, broken: Iterable[str] = ()) -> Path:
+def write(root: Path, broken: Iterable[str] = (), needs: Optional[Dict[str, str]] = None) -> Path:
     """Writes the package under ``root`` and returns ``root`` (the directory to put on sys.path)."""
-    broken = set(broken)
+    broken, needs = set(broken), dict(needs or {})
     files: Dict[str, str] = {}
     for module, defined in DEFINED.items():
         files[module] = _body(module, defined)
@@ -142,6 +143,8 @@ def write(root: Path, broken: Iterable[str] = ()) -> Path:
             text = "from coati.trainer.strategies import DDPStrategy\n" + text
         if name in broken:
             text = f"raise ImportError('ColossalChat {name} needs a package this host lacks')\n" + text
+        if name in needs:
+            text = f"import {needs[name]}\n" + text
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     for package in {m.rsplit(".", 1)[0] for m in DEFINED} - set(EXPORTED):  # namespace-free: every dir a package

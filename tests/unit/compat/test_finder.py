@@ -208,3 +208,39 @@ def test_legacy_paths_under_a_colossalchat_package_that_fails_to_import(tmp_path
     """, extra_path=(str(root),))
     assert out["strategy"] == "coati_compat.legacy.strategies"
     assert "SFTTrainer" in out["error"] and "needs a package this host lacks" in out["error"]
+
+
+@pytest.mark.slow
+def test_a_colossalchat_missing_its_own_dependency_is_named_with_the_fix(tmp_path):
+    """ColossalChat installed without loralib: its coati.models.lora fails, and with it its coati.models (which
+    imports LoraConfig from there). The warnings and the error for a ColossalChat name name loralib, as
+    ColossalChat's, with the pip command, not a name of the legacy layer; the legacy names are still served."""
+    import importlib.util
+
+    assert importlib.util.find_spec("loralib") is None, "this test needs a host without loralib"
+    root = colossalchat_head.write(tmp_path, needs={"coati.models.lora": "loralib"})
+    out = run_isolated("""
+        import json, logging, warnings
+        records = []
+        handler = logging.Handler()
+        handler.emit = lambda record: records.append(record.getMessage())
+        logging.getLogger("coati_compat.finder").addHandler(handler)
+        import coati_compat.finder
+        coati_compat.finder.install()
+        warnings.simplefilter("ignore", FutureWarning)
+        try:
+            from coati.models import disable_dropout
+            error = None
+        except ImportError as e:
+            error = str(e)
+        from coati.models import Actor
+        from coati.models.gpt import GPTActor
+        print(json.dumps({"error": error, "warnings": records, "legacy": [Actor.__module__, GPTActor.__module__]}))
+    """, extra_path=(str(root),))
+    error = out["error"]
+    assert error is not None and "'disable_dropout'" in error and "'coati.models'" in error, error
+    assert "ColossalChat needs the package 'loralib'" in error and "pip install loralib" in error, error
+    assert "coati_compat" not in error, error
+    assert len(out["warnings"]) == 2, out["warnings"]  # coati.models.lora, then coati.models because of it
+    assert all("'loralib'" in w and "pip install loralib" in w for w in out["warnings"]), out["warnings"]
+    assert out["legacy"] == ["coati_compat.legacy.model_base", "coati_compat.legacy.model_families"]
