@@ -31,7 +31,10 @@ def test_the_runs_timeout_reaches_init_process_group(tiny_model_path, tmp_path, 
     monkeypatch.setattr(dist, "init_process_group", fake_init)
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):  # set on the way: restored after
         monkeypatch.delenv(key, raising=False)
+    worker = ConsumerWorker(0, cfg, queue=None, weight_store=None)
+    hosted = object()  # the store rank 0's rendezvous() hosts (nothing listens here)
+    worker._hosted["group"] = hosted
     with pytest.raises(Joined):
-        ConsumerWorker(1, cfg, queue=None, weight_store=None).setup("127.0.0.1", 29512)
+        worker.setup("127.0.0.1", 29512)
     assert seen["timeout"] == datetime.timedelta(seconds=1234.0)
-    assert (seen["rank"], seen["world_size"]) == (1, 2)
+    assert (seen["rank"], seen["world_size"], seen["store"]) == (0, 2, hosted)
