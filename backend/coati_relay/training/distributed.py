@@ -17,7 +17,7 @@ from typing import Iterator, Optional
 import torch
 import torch.distributed as dist
 
-from coati_relay.training.rendezvous import host_store
+from coati_relay.training.rendezvous import RayPortBoard, given_port_store, host_store
 
 logger = logging.getLogger(__name__)
 
@@ -89,10 +89,21 @@ def init_process_group(rank: int, world_size: int, master_addr: str, master_port
         torch.cuda.set_device(local_rank)
 
 
+def _in_ray() -> bool:
+    """Whether this process is connected to Ray (an actor, or a driver that called ``ray.init``)."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
 def init_process_group_from_env(timeout_s: float = 300) -> None:
-    """Joins the default process group through a launcher's ``env://`` rendezvous: `RENDEZVOUS_ENV` set by torchrun
-    (whose agent already hosts the store on MASTER_PORT) or by a script that spawns its ranks; a no-op when this
-    process is already in a group. gloo on CPU, NCCL on CUDA (on the device of LOCAL_RANK).
+    """Joins the default process group that `RENDEZVOUS_ENV` describes (a no-op when this process is in one).
+
+    Inside Ray the group meets on MASTER_PORT or, when that port was taken since it was chosen, on one its rank 0
+    binds and tells the others through Ray (`rendezvous.given_port_store`), and the environment stays as it was.
+    Elsewhere through the launcher's ``env://`` rendezvous: torchrun (whose agent already hosts the store on
+    MASTER_PORT) or a script that spawns its ranks; gloo on CPU, NCCL on CUDA (on the device of LOCAL_RANK).
 
     timeout_s: bound on the rendezvous and on every later collective.
     """
@@ -104,9 +115,16 @@ def init_process_group_from_env(timeout_s: float = 300) -> None:
                          f"{list(RENDEZVOUS_ENV)}, or call init_process_group with them")
     if timeout_s <= 0:
         raise ValueError(f"init_process_group_from_env: timeout_s must be > 0, got {timeout_s}")
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if _in_ray():
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        store = given_port_store(rank, world_size, addr, port, timeout_s, RayPortBoard())
+        with process_group_env_kept():
+            init_process_group(rank, world_size, addr, store.port, timeout_s=timeout_s, store=store)
+        return
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, init_method="env://", rank=int(os.environ["RANK"]),
-                            world_size=int(os.environ["WORLD_SIZE"]), timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 

@@ -42,28 +42,18 @@ from coati_compat.legacy.tables import CLASS_PLUGINS, LEGACY_PRECISION, LOSS_SCA
 from coati_relay.training import checkpoint_files
 from coati_relay.training.booster_backend import TrainingBackend
 from coati_relay.training.distributed import RENDEZVOUS_ENV as DIST_ENV
-from coati_relay.training.distributed import init_process_group, init_process_group_from_env, process_group_env_kept
+from coati_relay.training.distributed import init_process_group_from_env
 from coati_relay.training.plugins import resolve_plugin
-from coati_relay.training.rendezvous import RayPortBoard, given_port_store
 
 logger = logging.getLogger(__name__)
 
 DIST_TIMEOUT = datetime.timedelta(minutes=30)
 
 
-def _in_ray() -> bool:
-    """Whether this process is connected to Ray (a legacy maker or trainer actor, or a driver)."""
-    ray = sys.modules.get("ray")
-    return ray is not None and ray.is_initialized()
-
-
 def _init_process_group_from_env(required: bool) -> None:
-    """Initialises the default process group from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (gloo without CUDA).
-
-    Inside Ray the group meets on MASTER_PORT or, when that port was taken since the script chose it, on one its
-    rank 0 binds and tells the others through Ray (`coati_relay.training.rendezvous.given_port_store`); elsewhere
-    (torchrun, spawned processes) through the launcher's rendezvous, as the legacy code did
-    (`coati_relay.training.distributed.init_process_group_from_env`)."""
+    """Joins the process group RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT describe, through the engine's rendezvous
+    (`coati_relay.training.distributed.init_process_group_from_env`: inside Ray one that cannot lose its port,
+    elsewhere the launcher's); without them, an error where ``required``."""
     if dist.is_initialized():
         return
     missing = [k for k in DIST_ENV if k not in os.environ]
@@ -71,14 +61,6 @@ def _init_process_group_from_env(required: bool) -> None:
         if required:
             raise ValueError(f"the strategy needs the environment variables {list(DIST_ENV)}; {missing} are not set "
                              "(pass env_info to the trainer or maker, or call coati.ray.utils.set_dist_env first)")
-        return
-    if _in_ray():
-        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        timeout_s = DIST_TIMEOUT.total_seconds()
-        store = given_port_store(rank, world_size, addr, port, timeout_s, RayPortBoard())
-        with process_group_env_kept():  # the script's environment stays the script's
-            init_process_group(rank, world_size, addr, store.port, timeout_s=timeout_s, store=store)
         return
     init_process_group_from_env(timeout_s=DIST_TIMEOUT.total_seconds())
 
