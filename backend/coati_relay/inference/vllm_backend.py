@@ -9,7 +9,9 @@ renormalised truncated distribution. Greedy decoding (temperature 0) reports the
 Weight reload: vLLM >= 0.32 reloads in place through ``collective_rpc("reload_weights", weights_iterator=...)``,
 which re-runs the per-layer processing (CPU kernels repack weights). That processing needs every weight of a
 layer (q/k/v share one fused layer), so the backend keeps a host copy of the current weights in HF names and sends
-all of it on each load; a partial update is merged into that copy first. Older versions call the model's own
+all of it on each load: a whole version given on the host in the engine dtype becomes that copy as it is (the
+buffers a collective sync received, no second copy; the previous version's are freed), a partial update is merged
+into a private copy first. Older versions call the model's own
 ``load_weights`` (on the V0 driver worker, or on each V1 worker). The prefix cache is reset after every load.
 """
 from __future__ import annotations
@@ -116,6 +118,7 @@ class VLLMBackend:
         self.max_model_len = model_config.max_model_len
         self._host_weights = self._read_host_weights(model_path, model_config.dtype)
         self._shapes = {k: v.shape for k, v in self._host_weights.items()}
+        self._adopted = False  # whether the host copy is a caller's tensors (a whole version, taken as it came)
         self._seeds = SeedSequence(seed)
         self.last_reload_seconds: Optional[float] = None
         self.weight_version = 0
@@ -194,8 +197,15 @@ class VLLMBackend:
         self.wake_up()
         check_weight_update(tensors, self._shapes, version, type(self).__name__)
         with torch.no_grad():
-            for name, t in tensors.items():
-                self._host_weights[name].copy_(t)
+            if tensors.keys() == self._host_weights.keys():  # a whole version: taken as it came, no second copy
+                self._host_weights = {k: t.detach().to("cpu", self._host_weights[k].dtype) for k, t in tensors.items()}
+                self._adopted = True
+            else:
+                if self._adopted:  # never written in place: they may be the object store's read-only memory
+                    self._host_weights = {k: v.clone() for k, v in self._host_weights.items()}
+                    self._adopted = False
+                for name, t in tensors.items():
+                    self._host_weights[name].copy_(t)
         start = time.perf_counter()
         self._reload(list(self._host_weights.items()))
         self.llm.reset_prefix_cache()
