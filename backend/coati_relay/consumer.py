@@ -22,27 +22,22 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from coati_relay import algorithms as algos
+from coati_relay.consumer_step import StepRows, micro_batch_rows, optimizer_step
 from coati_relay.devices import to_device
 from coati_relay.logprobs import response_logprobs
 from coati_relay.placement import node_id
 from coati_relay.rollout import Rollout
-from coati_relay.run_config import Batches, RunConfig
+from coati_relay.run_config import RunConfig
 from coati_relay.training.distributed import all_reduce_sum
 from coati_relay.training.plugins import precision_dtype, with_accumulation
 
 log = logging.getLogger(__name__)
-
-
-def micro_batch_rows(batches: Batches) -> int:
-    """Sequences per forward of an optimizer step, whose gradients accumulate over the step's
-    ``train_batch_size * num_generations`` sequences."""
-    return min(batches.train_microbatch_size, batches.train_minibatch_size * batches.num_generations)
 
 
 def fetch_or_none(refs: List[Any], timeout_s: float) -> List[Any]:
@@ -370,62 +365,8 @@ class ConsumerWorker:
             keep *= (lengths < self.cfg.sampling.max_new_tokens).float()
         return keep
 
-    def _optimizer_step(self, rows: "StepRows", num_resp: int) -> Dict[str, float]:
-        """One optimizer step over ``train_batch_size`` prompts of every rank, accumulated in micro-batches.
-
-        The loss is that of the step's whole batch (all ranks, all micro-batches): each micro-batch's loss is its
-        sum over kept samples (tokens) divided by the kept samples (tokens) summed over the data-parallel group,
-        and is multiplied by the group's size, since the plugins average gradients over it.
-        """
-        a, b = self.cfg.algo, self.cfg.batches
-        n = rows.seq.size(0)
-        micro = min(micro_batch_rows(b), n)
-        counts = all_reduce_sum(torch.stack([(rows.mask * rows.loss_mask.unsqueeze(1)).sum(), rows.loss_mask.sum(),
-                                             rows.mask.sum()]))
-        host_counts = counts.tolist()  # the step's one host sync before its update
-        kept_tokens, kept_samples, valid_tokens = (max(c, 1.0) for c in host_counts)
-        train_policy = host_counts[1] > 0  # the same on every rank
-        if not train_policy and self.critic is None:
-            return {"skipped_steps": 1.0}
-        sums: Dict[str, torch.Tensor] = {}  # on the device, read once after the step
-        dp = self.world_size
-        self.policy.train()
-        for s in range(0, n, micro):
-            part = rows.take(slice(s, s + micro))
-            share = part.seq.size(0) / n
-            if train_policy:
-                logp = self._logprobs(self.policy.model, part.seq, part.attn, num_resp)
-                kl = None if part.ref_logp is None else algos.kl_estimate(logp, part.ref_logp, kind="k3")
-                loss, st = algos.policy_loss(
-                    logp, part.old_logp, part.adv, part.mask, clip_eps_low=a.clip_eps_low,
-                    clip_eps_high=a.clip_eps_high, aggregation=a.loss_variation, per_token_kl=kl,
-                    beta=a.beta if self.spec.kl_in_loss else 0.0, loss_mask=part.loss_mask,
-                    total_tokens=kept_tokens, num_samples=kept_samples, stats_on_host=False)
-                self.policy.backward(loss * dp)
-                _add(sums, "loss", loss.detach())
-                _add(sums, "clip_frac", st["clip_frac"] * share)
-                if kl is not None:
-                    _add(sums, "kl", algos.masked_mean(kl, part.mask).detach() * share)
-            if self.critic is not None:
-                self.critic.train()
-                v = self._values(part.seq, part.attn, part.seq.size(1) - num_resp, num_resp)
-                vloss = algos.value_loss(v, part.values, part.returns, clip_eps=a.value_clip, mask=part.mask,
-                                         total_tokens=valid_tokens)
-                self.critic.backward(vloss * dp)
-                _add(sums, "value_loss", vloss.detach())
-        keys = sorted(sums)
-        stats = dict(zip(keys, torch.stack([sums[k].float() for k in keys]).tolist()))
-        stats["skipped_steps"] = 0.0 if train_policy else 1.0
-        if train_policy:
-            out = self.policy.step()
-            stats["lr"] = float(out["lr"])
-            if out["grad_norm"] is not None:
-                stats["grad_norm"] = out["grad_norm"]
-        self.policy.zero_grad()
-        if self.critic is not None:
-            self.critic.step()
-            self.critic.zero_grad()
-        return stats
+    def _optimizer_step(self, rows: StepRows, num_resp: int) -> Dict[str, float]:
+        return optimizer_step(self, rows, num_resp)
 
     def _over_ranks(self, stats: Dict[str, float]) -> Dict[str, float]:
         """The statistics of the whole data-parallel group: losses summed (each rank holds its share of the
@@ -440,25 +381,3 @@ class ConsumerWorker:
 
 
 _SUMMED_STATS = {"loss", "value_loss"}
-
-
-class StepRows(NamedTuple):
-    """Rows of a round on the training device. seq, attn: [n, S]; mask: [n, R] float; old_logp: [n, R] behaviour
-    log-probs; adv: [n, 1] or [n, R]; loss_mask: [n]; ref_logp, values, returns: [n, R] or None."""
-
-    seq: torch.Tensor
-    attn: torch.Tensor
-    mask: torch.Tensor
-    old_logp: torch.Tensor
-    adv: torch.Tensor
-    loss_mask: torch.Tensor
-    ref_logp: Optional[torch.Tensor]
-    values: Optional[torch.Tensor]
-    returns: Optional[torch.Tensor]
-
-    def take(self, rows: slice) -> "StepRows":
-        return StepRows(*(None if t is None else t[rows] for t in self))
-
-
-def _add(d: Dict[str, torch.Tensor], key: str, value: torch.Tensor) -> None:
-    d[key] = value if key not in d else d[key] + value
