@@ -62,11 +62,19 @@ def _place(cfg: RunConfig) -> Tuple[Any, List[Dict[str, Any]]]:
     bundle, producers first. Raises `PlacementError` within seconds when the cluster cannot hold a role."""
     import ray
 
-    from coati_relay.placement import actor_options, autoscaler_configured, check_satisfiable, reserve, role_requests
+    from coati_relay.placement import (
+        actor_options,
+        autoscaler_configured,
+        check_plugin_placement,
+        check_satisfiable,
+        reserve,
+        role_requests,
+    )
 
     r = cfg.roles
     cluster = ray.cluster_resources()
     requests = role_requests(r.num_producers, r.num_consumers, r.num_proc_per_producer, cluster, r.role_resources)
+    check_plugin_placement(requests, cfg.plugin.name, cfg.plugin.allow_cpu_fallback)
     check_satisfiable(requests, ray.nodes(), r.placement_strategy, autoscaler_configured())
     pg = reserve(requests, r.placement_strategy, r.placement_timeout_s)
     threads = max(1, int(float(cluster.get("CPU", 1)) // len(requests)))

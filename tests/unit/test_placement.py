@@ -148,3 +148,14 @@ def test_a_cpu_placed_actor_sees_no_cuda_device_in_its_process(ray_cluster):
         ray_cluster.kill(probe)
     finally:
         remove_placement_group(pg)
+
+
+def test_a_cuda_plugin_with_roles_placed_on_cpu_is_refused_before_any_actor_starts():
+    from coati_relay.placement import check_plugin_placement
+
+    on_cpu = role_requests(2, 2, 1, {"CPU": 8.0, "GPU": 2.0}, {})  # 4 roles, 2 GPUs: every role on CPU
+    with pytest.raises(PlacementError, match=r"'zero2' needs CUDA.*allow_cpu_fallback"):
+        check_plugin_placement(on_cpu, "zero2", allow_cpu_fallback=False)
+    check_plugin_placement(on_cpu, "zero2", allow_cpu_fallback=True)  # trains with ddp on CPU, as asked
+    check_plugin_placement(on_cpu, "ddp", allow_cpu_fallback=False)
+    check_plugin_placement(role_requests(1, 1, 1, {"CPU": 8.0, "GPU": 2.0}, {}), "gemini", allow_cpu_fallback=False)
