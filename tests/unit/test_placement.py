@@ -159,3 +159,23 @@ def test_a_cuda_plugin_with_roles_placed_on_cpu_is_refused_before_any_actor_star
     check_plugin_placement(on_cpu, "zero2", allow_cpu_fallback=True)  # trains with ddp on CPU, as asked
     check_plugin_placement(on_cpu, "ddp", allow_cpu_fallback=False)
     check_plugin_placement(role_requests(1, 1, 1, {"CPU": 8.0, "GPU": 2.0}, {}), "gemini", allow_cpu_fallback=False)
+
+
+@pytest.mark.slow
+def test_launch_refuses_a_cuda_plugin_it_would_place_on_cpu(ray_cluster, tiny_model_path, tmp_path, monkeypatch):
+    """A driver with CUDA accepts zero2; the cluster (no GPU here) places the roles on CPU: refused in seconds."""
+    from coati_relay import launch_distributed
+    from coati_relay.toy import write_toy_dataset
+    from coati_relay.training import plugins
+
+    monkeypatch.setattr(plugins, "_cuda_available", lambda: True)
+    data = write_toy_dataset(tmp_path / "p.jsonl", num_prompts=8)
+    with pytest.raises(PlacementError, match="'zero2' needs CUDA"):
+        launch_distributed(
+            num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1, inference_batch_size=4,
+            inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
+            train_dataset_config={"path": str(data), "max_length": 32},
+            inference_model_config={"path": tiny_model_path}, train_model_config={"path": tiny_model_path},
+            generate_config={"max_new_tokens": 4}, grpo_config={}, plugin_config={"plugin": "zero2"},
+            num_generations=2, run_dir=str(tmp_path / "run"), progress=False)
+    assert not [a for a in ray_cluster.util.list_named_actors(all_namespaces=True) if "coati-relay/" in str(a)]
