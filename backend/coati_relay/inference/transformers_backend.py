@@ -1,21 +1,25 @@
-"""`InferenceBackend` on transformers `generate`: the fallback where vLLM is missing or lacks the model.
+"""`InferenceBackend` on a transformers causal LM: the fallback where vLLM is missing or lacks the model.
 
-Behaviour log-probs are those of the distribution actually sampled from: ``generate`` runs with
-``output_scores=True``, whose scores are the logits after the temperature, top-k and top-p processors, and each
-sampled token gets ``log_softmax(score)``. With top-k/top-p that is the renormalised truncated distribution (tokens
-outside it have probability 0), as vLLM reports in ``processed_logprobs`` mode; recomputing with
-`coati_relay.logprobs.response_logprobs` (which applies temperature only) matches exactly when top-k and top-p are
-off. Greedy decoding (temperature 0) reports the log-probs of the untempered distribution.
+Generation is the prefill of each distinct prompt once (`coati_relay.prompt_sharing`), then
+`coati_relay.inference.decode_loop`: one forward per token over a preallocated cache, finished rows leaving the batch.
+It samples as transformers' ``generate`` does (same processors, same draws while every row is in the batch).
+
+Behaviour log-probs are those of the distribution actually sampled from: the logits after the temperature, top-k
+and top-p processors, each sampled token getting its ``log_softmax``. With top-k/top-p that is the renormalised
+truncated distribution (tokens outside it have probability 0), as vLLM reports in ``processed_logprobs`` mode;
+recomputing with `coati_relay.logprobs.response_logprobs` (which applies temperature only) matches exactly when top-k
+and top-p are off. Greedy decoding (temperature 0) reports the log-probs of the untempered distribution.
 """
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch
 
 from coati_relay.devices import resolve_device, to_device, to_host
 from coati_relay.inference.base import SamplingConfig
+from coati_relay.inference.decode_loop import decode, preallocated_cache
 from coati_relay.inference.rollout_building import (
     SeedSequence,
     build_rollout,
@@ -95,18 +99,6 @@ class TransformersBackend:
     def sampling(self, value: SamplingConfig) -> None:
         self._sampling = check_sampling(value)
 
-    def _generation_config(self, stop_ids: List[int]):
-        from transformers import GenerationConfig
-
-        s = self.sampling
-        common = dict(max_new_tokens=s.max_new_tokens, min_new_tokens=0, pad_token_id=self.pad_token_id,
-                      eos_token_id=stop_ids or None, output_scores=True, return_dict_in_generate=True,
-                      repetition_penalty=1.0, num_return_sequences=1)
-        if s.temperature == 0:
-            return GenerationConfig(do_sample=False, **common)
-        return GenerationConfig(do_sample=True, temperature=s.temperature, top_k=max(s.top_k, 0), top_p=s.top_p,
-                                **common)
-
     def generate(self, prompts: Sequence[Sequence[int]], n: int, info: Optional[Dict[str, list]] = None) -> Rollout:
         """Samples ``n`` responses per prompt. Rows are prompt-major; R is the longest response of this call."""
         if self.model is None:
@@ -117,35 +109,30 @@ class TransformersBackend:
         info = check_info(info, len(prompts))
         stop_ids = stop_token_ids(s, self._eos_ids)
         prompt_ids, prompt_mask = pad_prompts(prompts, self.pad_token_id)
-        input_ids, attention_mask = to_device(self.device, prompt_ids.repeat_interleave(n, dim=0),
-                                              prompt_mask.repeat_interleave(n, dim=0))
+        ids, mask = to_device(self.device, prompt_ids, prompt_mask)
+        rows = torch.arange(ids.size(0), device=self.device).repeat_interleave(n)
         fork_devices = [self.device] if self.device.type == "cuda" else []
         training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=fork_devices):
                 torch.manual_seed(self._seeds.next(s))
-                cache = self._shared_prefill(prompt_ids, prompt_mask, n)
-                out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
-                                          generation_config=self._generation_config(stop_ids))
+                cache = self._prefill(ids, mask, rows, ids.size(1) - 1 + s.max_new_tokens)
+                out = decode(self.model, cache, ids[rows, -1], mask[rows], s, stop_ids, self.pad_token_id)
+                del cache
         finally:
             self.model.train(training)
-        response_ids = out.sequences[:, input_ids.size(1):]
-        # One [N, V] score per step: gather step by step instead of materialising [N, R, V].
-        logprobs = torch.stack([torch.log_softmax(score.float(), dim=-1).gather(1, response_ids[:, t, None])[:, 0]
-                                for t, score in enumerate(out.scores)], dim=1)
-        lengths = torch.full((response_ids.size(0),), response_ids.size(1), dtype=torch.long)
-        return build_rollout(prompt_ids, prompt_mask, n, to_host(response_ids), to_host(logprobs), lengths, stop_ids,
-                             self.pad_token_id, self.weight_version, info)
+        return build_rollout(prompt_ids, prompt_mask, n, to_host(out.tokens), to_host(out.logprobs),
+                             to_host(out.lengths), stop_ids, self.pad_token_id, self.weight_version, info)
 
-    def _shared_prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int):
-        """With ``n > 1`` samples per prompt, the cache of each prompt's columns but the last, computed once and
-        repeated to its ``n`` rows (`coati_relay.prompt_sharing`; ``generate`` then feeds the last column): the
-        prefill costs P instead of n * P token-forwards a prompt. None (``generate`` prefills) otherwise."""
-        if n < 2 or prompt_ids.size(1) < 2:
-            return None
-        rows = torch.arange(prompt_ids.size(0), device=self.device).repeat_interleave(n)
-        return prefill_shared(self.model, *to_device(self.device, prompt_ids, prompt_mask), rows)
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, capacity: int):
+        """The preallocated cache (``capacity`` positions) of every prompt column but the last, each distinct prompt
+        computed once and repeated to its rows (`coati_relay.prompt_sharing`): the prefill costs P instead of n * P
+        token-forwards a prompt. ids, mask: [B, P] distinct prompts; rows: LongTensor [N], the prompt of each row.
+        Empty when P = 1."""
+        layers = self.model.config.get_text_config().num_hidden_layers
+        prefilled = prefill_shared(self.model, ids, mask, rows) if ids.size(1) >= 2 else None
+        return preallocated_cache(prefilled, layers, capacity)
 
     def load_weights(self, version: int, tensors: Dict[str, torch.Tensor]) -> None:
         """Copies the named weights (HF names, any subset) into the model and records ``version``."""
