@@ -3,11 +3,11 @@
 sample-level aggregation, micro-batches of 1 and 2 rows, off-policy rows (clipping active), a KL term."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from gloo_ranks import run_ranks
 from train_round_helpers import BigramLM, make_config, make_rollout, record_steps
 
 from coati_relay.consumer import ConsumerWorker
@@ -53,21 +53,7 @@ def _rank_main(rank: int, port: int, configs, batches, out_dir: str) -> None:
 
 
 def _spawn(configs, batches, out_dir: Path) -> list:
-    import torch.multiprocessing as mp
-
-    from coati_relay.training.distributed import free_port
-
-    ctx = mp.start_processes(_rank_main, args=(free_port(), configs, batches, str(out_dir)), nprocs=WORLD,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not ctx.join(timeout=5):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the {WORLD} ranks did not finish within {TIMEOUT_S} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
+    run_ranks(_rank_main, (configs, batches, str(out_dir)), WORLD, TIMEOUT_S)
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD)]
 
 

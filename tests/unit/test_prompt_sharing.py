@@ -8,6 +8,7 @@ from typing import List
 
 import pytest
 import torch
+from gloo_ranks import run_ranks
 from train_round_helpers import make_config, make_rollout, record_steps
 
 from coati_relay.logprobs import response_logprobs
@@ -151,23 +152,7 @@ def _rank_main(rank: int, port: int, cfg, model_path: str, batches, out_dir: str
 
 
 def _spawn(cfg, model_path: str, batches, out_dir) -> list:
-    import time
-
-    import torch.multiprocessing as mp
-
-    from coati_relay.training.distributed import free_port
-
-    ctx = mp.start_processes(_rank_main, args=(free_port(), cfg, model_path, batches, str(out_dir)), nprocs=WORLD,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not ctx.join(timeout=5):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the {WORLD} ranks did not finish within {TIMEOUT_S} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
+    run_ranks(_rank_main, (cfg, model_path, batches, str(out_dir)), WORLD, TIMEOUT_S)
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD)]
 
 

@@ -2,11 +2,11 @@
 the halves of what one rank holding the whole batch gets."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from gloo_ranks import run_ranks
 
 from coati_relay import algorithms as alg
 
@@ -37,21 +37,7 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
 
 
 def test_two_ranks_whiten_with_the_statistics_of_the_global_batch(tmp_path):
-    import torch.multiprocessing as mp
-
-    from coati_relay.training.distributed import free_port
-
-    ctx = mp.start_processes(_rank_main, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not ctx.join(timeout=5):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the {WORLD} ranks did not finish within {TIMEOUT_S} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
+    run_ranks(_rank_main, (str(tmp_path),), WORLD, TIMEOUT_S)
     got = torch.cat([torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)])
     rewards, mask, logp, ref = _batch()
     centred = (rewards.view(-1, 4) - rewards.view(-1, 4).mean(dim=1, keepdim=True)).reshape(-1, 1)
