@@ -117,7 +117,7 @@ def one_step_floor(w: Work) -> float:
         def step() -> None:
             w.model(input_ids=feed, attention_mask=full_mask, position_ids=positions, past_key_values=cache,
                     use_cache=True, logits_to_keep=1)
-            cache.crop(context)
+            cache.crop(-1)  # back to the context
 
         step()
         return _median_s(step, 3 if w.smoke else FLOOR_REPEATS)
