@@ -99,6 +99,9 @@ def run(cfg: RunConfig) -> RunResult:
         from coati_relay.colocated import run_colocated
 
         return run_colocated(cfg, int(_start_state(cfg).get("round", 0)))
+    # importing ray and ray.init set RAY_CLIENT_MODE, RAY_AUTH_MODE, PYTHONBREAKPOINT, ... in this process; the
+    # processes the user starts afterwards must not inherit them
+    environ = dict(os.environ)
     import ray
     from ray.util.placement_group import remove_placement_group
 
@@ -115,6 +118,8 @@ def run(cfg: RunConfig) -> RunResult:
     start_round = int(start.get("round", 0))
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": ACTOR_ENV})
+    os.environ.clear()
+    os.environ.update(environ)
     pg, opts = _place(cfg)
     started: List[Any] = []  # every actor of this run; all are killed on the way out, whatever the way
     logger = None
