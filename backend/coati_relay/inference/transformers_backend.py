@@ -19,7 +19,6 @@ import torch
 
 from coati_relay.devices import resolve_device, to_device, to_host
 from coati_relay.inference.base import SamplingConfig
-from coati_relay.inference.decode_loop import decode, preallocated_cache
 from coati_relay.inference.rollout_building import (
     SeedSequence,
     build_rollout,
@@ -101,6 +100,8 @@ class TransformersBackend:
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int, info: Optional[Dict[str, list]] = None) -> Rollout:
         """Samples ``n`` responses per prompt. Rows are prompt-major; R is the longest response of this call."""
+        from coati_relay.inference.decode_loop import decode  # imports transformers: not at module import
+
         if self.model is None:
             raise RuntimeError("TransformersBackend.generate: the backend was closed; build a new one")
         s = self.sampling
@@ -130,6 +131,8 @@ class TransformersBackend:
         computed once and repeated to its rows (`coati_relay.prompt_sharing`): the prefill costs P instead of n * P
         token-forwards a prompt. ids, mask: [B, P] distinct prompts; rows: LongTensor [N], the prompt of each row.
         Empty when P = 1."""
+        from coati_relay.inference.decode_loop import preallocated_cache
+
         layers = self.model.config.get_text_config().num_hidden_layers
         prefilled = prefill_shared(self.model, ids, mask, rows) if ids.size(1) >= 2 else None
         return preallocated_cache(prefilled, layers, capacity)
