@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from coati_relay.environ import restore_environ
 from coati_relay.run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -83,8 +84,7 @@ def run_colocated(cfg: RunConfig, start_round: int) -> Any:
     try:
         return _run(cfg, start_round)
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        restore_environ(saved)
 
 
 def _run(cfg: RunConfig, start_round: int) -> Any:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from coati_relay.config import build_run_config
+from coati_relay.environ import restore_environ
 from coati_relay.run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -118,8 +119,7 @@ def run(cfg: RunConfig) -> RunResult:
     start_round = int(start.get("round", 0))
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": ACTOR_ENV})
-    os.environ.clear()
-    os.environ.update(environ)
+    restore_environ(environ)
     pg, opts = _place(cfg)
     started: List[Any] = []  # every actor of this run; all are killed on the way out, whatever the way
     logger = None
