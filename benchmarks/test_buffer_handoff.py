@@ -7,6 +7,9 @@
 - new: the engine's ``RolloutQueue``. The maker ``ray.put``s each rollout and queues the reference with its version;
   the trainer takes ``SAMPLE_BATCH / MAKER_BATCH`` entries per batch, fetches the objects from the object store and
   joins them (``Rollout.concat``). The bytes travel maker -> object store -> trainer once.
+- shim: the legacy API as this project serves it, ``coati_compat``'s ``DetachedReplayBuffer``. The maker's items
+  reach the trainer (as ``buffer_extend``'s argument does), the buffer re-batches them and ``sample`` returns the
+  oldest batch; every batch the buffer holds stays in the trainer's process.
 
 The maker is a Ray actor holding ``NUM_ITEMS`` samples made up front (as legacy items and as rollouts of the same
 tensors); the benchmark process is the trainer. Both sides deliver the same tokens and log-probs in the same order,
@@ -62,6 +65,12 @@ def _maker_class():
             """The items of maker batch ``index`` (what the legacy maker passed to ``buffer_extend``)."""
             return self._split(self.batches[index])
 
+        def shim_items(self, index: int):
+            """The items of maker batch ``index`` as the shim's maker passes them to ``buffer_extend``."""
+            from coati_compat.legacy.experience import Experience, split_experience_batch
+
+            return split_experience_batch(Experience(**self.batches[index]))
+
         def engine_put(self, queue) -> int:
             """Puts every rollout in the object store and its reference in the queue, as a producer does."""
             for task, rollout in enumerate(self.rollouts):
@@ -109,6 +118,15 @@ def _engine_round(maker_actor, queue):
     return batches
 
 
+def _shim_round(maker_actor, buffer):
+    batches = []
+    for index in range(NUM_ITEMS // MAKER_BATCH):
+        buffer.extend(ray.get(maker_actor.shim_items.remote(index), timeout=TIMEOUT_S))
+        while buffer.get_length():
+            batches.append(buffer.sample())
+    return batches
+
+
 @pytest.fixture(scope="module")
 def expected(maker):
     """The maker's samples as the trainer must receive them: (sequences [N, S], log-probs [N, R])."""
@@ -149,3 +167,20 @@ def test_engine_rollout_queue(benchmark, work, maker, expected):
     assert len(batches) == NUM_BATCHES and all(b.num_sequences == SAMPLE_BATCH for b in batches)
     assert torch.equal(torch.cat([b.sequences for b in batches]), expected[0])
     assert torch.equal(torch.cat([b.logprobs for b in batches]), expected[1])
+
+
+def test_shim_buffer(benchmark, work, maker, expected):
+    from coati_compat.shims.replay_buffer import DetachedReplayBuffer
+
+    size, actor = maker
+    buffer = DetachedReplayBuffer(SAMPLE_BATCH, wait_timeout_s=TIMEOUT_S)
+    benchmark.group = _group(size)
+    batches = benchmark.pedantic(_shim_round, args=(actor, buffer), rounds=ROUNDS, warmup_rounds=WARMUP)
+    work["items"] = NUM_ITEMS
+    work["bytes"] = sum(_nbytes(vars(b).values()) for b in batches)
+    counters = buffer.counters()
+    assert counters["in_flight"] == 0 and counters["pending_items"] == 0
+    assert counters["consumed"] == counters["produced"] == counters["sampled_batches"]
+    assert len(batches) == NUM_BATCHES and all(b.sequences.size(0) == SAMPLE_BATCH for b in batches)
+    assert torch.equal(torch.cat([b.sequences for b in batches]), expected[0])
+    assert torch.equal(torch.cat([b.action_log_probs for b in batches]), expected[1])
