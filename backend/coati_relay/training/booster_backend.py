@@ -26,7 +26,7 @@ from . import checkpoint_files
 from .distributed import ensure_single_process_group
 from .finite_checks import check_losses, check_weights
 from .master_weights import find_master_optimizer, with_master_weights
-from .plugins import build_plugin, optimizer_kind, resolve_plugin
+from .plugins import build_optimizer, build_plugin, resolve_plugin
 
 logger = logging.getLogger(__name__)
 
@@ -246,13 +246,8 @@ class TrainingBackend:
 
     def _make_optimizer(self, params: Iterable[nn.Parameter], lr: float, betas: Tuple[float, float],
                         weight_decay: float, options: Dict[str, Any]) -> torch.optim.Optimizer:
-        kind = optimizer_kind(self.plugin_name if _colossalai_installed() else "ddp", options, self.cuda)
-        if kind == "hybrid_adam":
-            from colossalai.nn.optimizer import HybridAdam
-
-            return HybridAdam(params, lr=lr, betas=betas, weight_decay=weight_decay, adamw_mode=True)
-        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay,
-                                 fused=True if kind == "fused_adamw" else None)
+        return build_optimizer(params, lr, self.plugin_name if _colossalai_installed() else "ddp", options,
+                               self.cuda, betas, weight_decay)
 
     def _torch_wrap(self, model: nn.Module) -> nn.Module:
         import torch.distributed as dist

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 import logging
 import warnings
-from typing import Any, Callable, Dict, NamedTuple, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, NamedTuple, Optional, Set, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -211,6 +211,24 @@ def optimizer_kind(name: str, options: Dict[str, Any], cuda: bool) -> str:
     if name == "gemini" or options.get("cpu_offload") or options.get("offload_optim_frac", 0) > 0:
         return "hybrid_adam"
     return "fused_adamw"
+
+
+def build_optimizer(params: Iterable[Any], lr: float, name: Optional[str], options: Dict[str, Any], cuda: bool,
+                    betas: Tuple[float, float] = (0.9, 0.999), weight_decay: float = 0.0,
+                    decoupled: bool = True) -> Any:
+    """The optimizer of kind `optimizer_kind` over ``params``: ColossalAI's ``HybridAdam``, or torch's AdamW (its
+    fused CUDA form for ``"fused_adamw"``). ``decoupled=False`` gives the Adam form instead (torch ``Adam``,
+    ``HybridAdam(adamw_mode=False)``), as the legacy trainers used. ``name`` None: no plugin (torch's)."""
+    import torch
+
+    kind = optimizer_kind(name or "ddp", options, cuda)
+    if kind == "hybrid_adam":
+        from colossalai.nn.optimizer import HybridAdam
+
+        return HybridAdam(params, lr=lr, betas=betas, weight_decay=weight_decay, adamw_mode=decoupled)
+    torch_class = torch.optim.AdamW if decoupled else torch.optim.Adam
+    return torch_class(params, lr=lr, betas=betas, weight_decay=weight_decay,
+                       fused=True if kind == "fused_adamw" else None)
 
 
 def with_accumulation(name: str, options: Dict[str, Any], micro_batches: int) -> Dict[str, Any]:

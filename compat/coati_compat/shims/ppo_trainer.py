@@ -30,10 +30,11 @@ from coati_compat.legacy.lora import LoRAConstructor
 from coati_compat.legacy.losses import PolicyLoss, ValueLoss
 from coati_compat.legacy.ray_utils import get_model_numel, set_dist_env, state_dict_to
 from coati_compat.legacy.tables import LEGACY_LR
-from coati_compat.shims.remote import legacy_actor_class, wait_refs
+from coati_compat.shims.remote import legacy_actor_class
 from coati_compat.shims.trainer_base import TRAINER_CONCURRENCY_GROUPS, DetachedTrainer
-from coati_relay.training.plugins import optimizer_kind
-from coati_relay.weight_sync import PackedStateDict
+from coati_relay.training.plugins import build_optimizer
+from coati_relay.waiting import get_within
+from coati_relay.weight_sync import put_packed
 
 logger = logging.getLogger(__name__)
 
@@ -45,16 +46,10 @@ def _check_lr(name: str, value: Any) -> float:
 
 
 def _legacy_adam(strategy: Any, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
-    """Adam over ``model`` as the engine would pick it for the strategy's plugin (`optimizer_kind`): ColossalAI's
-    ``HybridAdam`` where the plugin needs it (Gemini, CPU offload), torch's fused Adam elsewhere on CUDA, torch's
-    Adam on the CPU."""
-    plugin = getattr(strategy, "plugin_name", None) or "ddp"
-    kind = optimizer_kind(plugin, getattr(strategy, "plugin_options", {}), torch.cuda.is_available())
-    if kind == "hybrid_adam":
-        from colossalai.nn.optimizer import HybridAdam
-
-        return HybridAdam(model.parameters(), lr=lr)
-    return torch.optim.Adam(model.parameters(), lr=lr, fused=True if kind == "fused_adamw" else None)
+    """Adam (the legacy form, not AdamW) over ``model``, of the kind the engine picks for the strategy's plugin
+    (`coati_relay.training.plugins.build_optimizer`)."""
+    return build_optimizer(model.parameters(), lr, getattr(strategy, "plugin_name", None),
+                           getattr(strategy, "plugin_options", {}), torch.cuda.is_available(), decoupled=False)
 
 
 class DetachedPPOTrainerImpl(DetachedTrainer):
@@ -140,19 +135,19 @@ class DetachedPPOTrainerImpl(DetachedTrainer):
         self.update_target_holder_list()
         holders = self.target_holder_list
         timeout, what = self.rpc_timeout_s, "weight push to the experience makers"
-        wait_refs([h.update_experience_maker.remote(chunk_start=True, fully_update=fully_update) for h in holders],
+        get_within([h.update_experience_maker.remote(chunk_start=True, fully_update=fully_update) for h in holders],
                   timeout, what)
         refs = []
         if holders:
             for key, model in (("actor", self.actor), ("critic", self.critic)):
                 lora_config = self._get_model_lora_config_dict(model)
                 for shard in self._get_model_state_dict_shard(model, fully_update=fully_update, **config):
-                    shard_ref = ray.put(PackedStateDict(shard))  # one flat copy in the object store for every maker
+                    shard_ref, _ = put_packed(shard)  # one flat copy in the object store for every maker
                     refs += [h.update_experience_maker.remote(
                         **{f"new_{key}_state_dict": shard_ref, f"new_{key}_lora_config_dict": lora_config},
                         fully_update=fully_update) for h in holders]
-        wait_refs(refs, timeout, what)
-        wait_refs([h.update_experience_maker.remote(chunk_end=True, fully_update=fully_update) for h in holders],
+        get_within(refs, timeout, what)
+        get_within([h.update_experience_maker.remote(chunk_end=True, fully_update=fully_update) for h in holders],
                   timeout, what)
         self.weight_version += 1
         self.detached_replay_buffer.version = self.weight_version
