@@ -88,6 +88,15 @@ class PackedStateDict(Mapping):
         return len(self.meta)
 
 
+def put_packed(tensors: Dict[str, torch.Tensor]) -> Tuple[Any, int]:
+    """One flat copy of ``tensors`` in the object store, as a `PackedStateDict`: the one form in which weights travel
+    through it, from the engine's publisher and from a legacy trainer's push. Returns (ObjectRef, bytes)."""
+    import ray
+
+    packed = PackedStateDict(tensors)
+    return ray.put(packed), sum(a.nbytes for a in packed.arrays.values())
+
+
 def lora_adapters(model: torch.nn.Module) -> Dict[str, Tuple[torch.Tensor, torch.Tensor, float]]:
     """Adapters of a peft-wrapped model keyed by the HF name of the weight they modify.
 
@@ -146,13 +155,11 @@ class WeightPublisher:
             raise ValueError("WeightPublisher.publish: pass exactly one of tensors= or adapters=")
         t0 = time.perf_counter()
         if tensors is not None:
-            buffers, meta = flatten_state_dict(tensors)
-            blob, kind = (_to_wire(buffers), meta, None), "full"
-            nbytes = sum(b.numel() * b.element_size() for b in buffers.values())
+            (ref, nbytes), kind = put_packed(tensors), "full"
         else:
-            blob, kind = (None, None, adapters), "lora"
+            kind = "lora"
+            ref = ray.put(adapters)
             nbytes = sum((a.numel() + b.numel()) * a.element_size() for a, b, _ in adapters.values())
-        ref = ray.put(blob)
         ray.get(self.store.publish.remote(version, [ref], kind, nbytes), timeout=timeout_s)
         return {"weight_publish_s": time.perf_counter() - t0, "weight_bytes": float(nbytes)}
 
@@ -172,10 +179,10 @@ class WeightSubscriber:
         t0 = time.perf_counter()
         pub: PublishedWeights = ray.get(self.store.wait_for.remote(min_version, timeout_s), timeout=timeout_s + 30)
         t1 = time.perf_counter()
-        buffers, meta, adapters = ray.get(pub.payload[0], timeout=timeout_s)
+        payload = ray.get(pub.payload[0], timeout=timeout_s)
         self.last_wait_s, self.last_transfer_s = t1 - t0, time.perf_counter() - t1
         if pub.kind == "full":
-            return pub.version, unflatten_state_dict(_from_wire(buffers), meta)
+            return pub.version, dict(payload)
         if self.base_weights is None:
             raise RuntimeError("WeightSubscriber: LoRA-only weights published but no base weights were given")
-        return pub.version, merge_lora(self.base_weights, adapters)
+        return pub.version, merge_lora(self.base_weights, payload)
