@@ -1,9 +1,9 @@
-"""Bounded waits inside async Ray actors."""
+"""Bounded waits: inside async Ray actors, and on the results of Ray calls."""
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 
 async def wait_until(changed: asyncio.Condition, ready: Callable[[], bool], timeout_s: Optional[float],
@@ -33,3 +33,19 @@ async def until_cancelled() -> None:
     """Never returns while the actor lives. A driver holds the reference of such a call (an actor's ``watch``):
     Ray fails that reference as soon as the actor dies, so one `ray.wait` notices the death within a second."""
     await asyncio.Event().wait()
+
+
+def get_within(refs: List, timeout_s: float, what: str) -> List:
+    """``ray.get(refs)`` within ``timeout_s``. A call whose actor died raises Ray's error at once; a timeout raises
+    TimeoutError naming ``what`` and how many calls were still pending."""
+    if not refs:
+        return []
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    try:
+        return ray.get(list(refs), timeout=timeout_s)
+    except GetTimeoutError:
+        _, pending = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        raise TimeoutError(f"{what}: {len(pending)} of {len(refs)} calls still pending after "
+                           f"{timeout_s:.0f}s") from None

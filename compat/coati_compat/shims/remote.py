@@ -23,6 +23,7 @@ import warnings
 from typing import Any, ClassVar, Dict, Tuple
 
 from coati_compat.deprecations import warn_deprecated
+from coati_relay.waiting import get_within as wait_refs  # noqa: F401  (the engine's bounded ray.get)
 
 logger = logging.getLogger(__name__)
 
@@ -183,19 +184,3 @@ def legacy_actor_class(impl: type, concurrency_groups: Dict[str, int]) -> Any:
     actor_cls = ray.remote(concurrency_groups=dict(concurrency_groups))(impl)
     actor_cls.__deprecated__ = message(impl._legacy_name)
     return actor_cls
-
-
-def wait_refs(refs: list, timeout_s: float, what: str) -> list:
-    """``ray.get(refs)`` within ``timeout_s``. A call whose actor died raises Ray's error at once; a timeout raises
-    TimeoutError naming ``what`` and how many calls were still pending."""
-    if not refs:
-        return []
-    import ray
-    from ray.exceptions import GetTimeoutError
-
-    try:
-        return ray.get(list(refs), timeout=timeout_s)
-    except GetTimeoutError:
-        _, pending = ray.wait(list(refs), num_returns=len(refs), timeout=0)
-        raise TimeoutError(f"{what}: {len(pending)} of {len(refs)} calls still pending after "
-                           f"{timeout_s:.0f}s") from None
