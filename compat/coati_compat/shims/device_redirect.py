@@ -28,6 +28,8 @@ from typing import Any, Optional
 
 import torch
 
+from coati_relay.devices import accelerator_device
+
 logger = logging.getLogger(__name__)
 
 WARNING_TEXT = ("no CUDA device in this process: legacy .cuda(), torch.cuda.current_device() and "
@@ -109,8 +111,4 @@ def install() -> bool:
     return True
 
 
-def compute_device() -> torch.device:
-    """Where the legacy code put tensors for compute: the current CUDA device, or the CPU without CUDA."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+compute_device = accelerator_device  # where the legacy code put tensors for compute: the engine's rule
