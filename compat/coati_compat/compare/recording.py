@@ -24,7 +24,7 @@ import torch
 
 from coati_compat.compare.recording_switch import events_dir
 from coati_compat.legacy.callbacks import MakerCallback, TrainerCallback
-from coati_relay.algorithms import kl_k3, masked_mean
+from coati_compat.legacy.ppo_shaping import legacy_sequence_kl
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +61,8 @@ def sample_stats(prefix: str, values: torch.Tensor) -> Dict[str, float]:
 def per_sample_kl(log_probs: torch.Tensor, base_log_probs: torch.Tensor,
                   action_mask: Optional[torch.Tensor]) -> torch.Tensor:
     """The legacy maker's KL estimate per sample: k3, masked mean over the actions. [B,A] -> [B]."""
-    k3 = kl_k3(log_probs.float(), base_log_probs.float())
-    return k3.mean(dim=1) if action_mask is None else masked_mean(k3, action_mask.float(), dim=1)
+    return legacy_sequence_kl(log_probs.float(), base_log_probs.float(),
+                              None if action_mask is None else action_mask.float())
 
 
 class TrainerRecorder(TrainerCallback):

@@ -23,9 +23,14 @@ def legacy_kl_shaped_reward(r: torch.Tensor, logp: torch.Tensor, ref_logp: torch
                          f"{tuple(logp.shape)}")
     if kl_coef <= 0:
         return r
+    return r - kl_coef * legacy_sequence_kl(logp, ref_logp, action_mask)
+
+
+def legacy_sequence_kl(logp: torch.Tensor, ref_logp: torch.Tensor,
+                       action_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """The legacy per-sequence KL: the engine's k3 estimate, averaged over the (masked) actions. [B,A] -> [B]."""
     k3 = kl_k3(logp, ref_logp)
-    kl = k3.mean(dim=1) if action_mask is None else masked_mean(k3, action_mask, dim=1)
-    return r - kl_coef * kl
+    return k3.mean(dim=1) if action_mask is None else masked_mean(k3, action_mask, dim=1)
 
 
 def legacy_advantage(reward: torch.Tensor, value: torch.Tensor) -> torch.Tensor:

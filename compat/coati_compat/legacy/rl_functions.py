@@ -12,8 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from coati_compat.deprecations import deprecated_api
-from coati_compat.legacy.ppo_shaping import legacy_kl_shaped_reward
-from coati_relay.algorithms import kl_k3
+from coati_compat.legacy.ppo_shaping import legacy_kl_shaped_reward, legacy_sequence_kl
 from coati_relay.algorithms import masked_mean as _masked_mean
 
 
@@ -27,8 +26,7 @@ def masked_mean(tensor: torch.Tensor, mask: torch.Tensor, dim: int = 1) -> torch
 def compute_approx_kl(log_probs: torch.Tensor, log_probs_base: torch.Tensor,
                       action_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Per-sequence k3 KL estimate, averaged over the (masked) actions. log_probs, log_probs_base: [B,A]. -> [B]."""
-    k3 = kl_k3(log_probs, log_probs_base)
-    return k3.mean(dim=1) if action_mask is None else _masked_mean(k3, action_mask, dim=1)
+    return legacy_sequence_kl(log_probs, log_probs_base, action_mask)
 
 
 @deprecated_api("coati.models.utils.compute_reward")
