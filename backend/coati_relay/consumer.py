@@ -34,6 +34,7 @@ from coati_relay.logprobs import response_logprobs
 from coati_relay.placement import node_id
 from coati_relay.rollout import Rollout
 from coati_relay.run_config import RunConfig
+from coati_relay.seeding import seed_everything
 from coati_relay.training.distributed import all_reduce_sum
 from coati_relay.training.plugins import precision_dtype, with_accumulation
 
@@ -95,7 +96,7 @@ class ConsumerWorker:
 
         cfg = self.cfg
         t0 = time.perf_counter()
-        torch.manual_seed(cfg.seed)
+        seed_everything(cfg.seed)
         if self.rank == 0 and "group" not in self._hosted:
             raise RuntimeError("ConsumerWorker.setup: rank 0 hosts the group's stores; call its rendezvous() first")
         store = self._hosted.pop("group", None)
@@ -121,7 +122,7 @@ class ConsumerWorker:
     def setup_colocated(self) -> nn.Module:
         """Set-up in a colocated run (one rank in the driver's process, no publisher): returns the policy module
         being trained, for the producer to generate with in place."""
-        torch.manual_seed(self.cfg.seed)
+        seed_everything(self.cfg.seed)
         self._load()
         return self.policy.unwrapped()
 

@@ -41,16 +41,82 @@ from typing import Any, Dict
 LEGACY_STRATEGY_PLUGINS = {
     "naive": {"plugin": "ddp"},
     "ddp": {"plugin": "ddp"},
-    "colossalai_gemini": {"plugin": "gemini", "precision": "fp16", "initial_scale": 32},
-    "colossalai_zero2": {"plugin": "zero2", "precision": "fp16"},
+    "colossalai_gemini": {
+        "plugin": "gemini",
+        "shard_param_frac": 1.0,
+        "offload_optim_frac": 0.0,
+        "offload_param_frac": 0.0,
+        "search_range_m": 32,
+        "min_chunk_size_m": 32,
+        "pin_memory": True,
+        "force_outputs_fp32": False,
+        "hidden_dim": None,
+        "gpu_margin_mem_ratio": 0.0,
+        "initial_scale": 32,
+        "growth_factor": 2,
+        "backoff_factor": 0.5,
+        "growth_interval": 1000,
+        "hysteresis": 2,
+        "min_scale": 1,
+        "max_scale": 4294967296,
+        "norm_type": 2.0,
+        "precision": "fp16",
+        "placement_policy": "static",
+    },
+    "colossalai_zero2": {
+        "plugin": "zero2",
+        "stage": 2,
+        "precision": "fp16",
+        "reduce_bucket_size_in_m": 12.0,
+        "overlap_communication": True,
+        "initial_scale": 65536,
+        "growth_factor": 2,
+        "backoff_factor": 0.5,
+        "growth_interval": 1000,
+        "hysteresis": 2,
+        "min_scale": 1,
+        "max_scale": 4294967296,
+        "norm_type": 2.0,
+        "cpu_offload": False,
+    },
     "colossalai_gemini_cpu": {
         "plugin": "gemini",
-        "precision": "fp16",
-        "initial_scale": 32,
+        "shard_param_frac": 1.0,
         "offload_optim_frac": 1.0,
         "offload_param_frac": 1.0,
+        "search_range_m": 32,
+        "min_chunk_size_m": 32,
+        "pin_memory": True,
+        "force_outputs_fp32": False,
+        "hidden_dim": None,
+        "gpu_margin_mem_ratio": 0.0,
+        "initial_scale": 32,
+        "growth_factor": 2,
+        "backoff_factor": 0.5,
+        "growth_interval": 1000,
+        "hysteresis": 2,
+        "min_scale": 1,
+        "max_scale": 4294967296,
+        "norm_type": 2.0,
+        "precision": "fp16",
+        "placement_policy": "static",
     },
-    "colossalai_zero2_cpu": {"plugin": "zero2", "precision": "fp16", "cpu_offload": True},
+    "colossalai_zero2_cpu": {
+        "plugin": "zero2",
+        "stage": 2,
+        "precision": "fp16",
+        "reduce_bucket_size_in_m": 12.0,
+        "overlap_communication": True,
+        "initial_scale": 65536,
+        "growth_factor": 2,
+        "backoff_factor": 0.5,
+        "growth_interval": 1000,
+        "hysteresis": 2,
+        "min_scale": 1,
+        "max_scale": 4294967296,
+        "norm_type": 2.0,
+        "cpu_offload": True,
+    },
 }
 
 
@@ -200,10 +266,11 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         #       round's batches ppo_epochs times, in order, before publishing a weight version. (legacy line 114)
         #       See migration_guide/rewriter.md#train-epochs
         grpo_config={"lr": args.lr, "critic_lr": args.lr, "kl_coef": 0.1, "ppo_epochs": args.train_epochs},
-        # NOTE: strategies map to Booster plugins: naive and ddp -> 'ddp', colossalai_zero2 -> 'zero2',
-        #       colossalai_gemini -> 'gemini'; the _cpu variants offload to CPU (cpu_offload, offload_*_frac). ZeRO
-        #       and Gemini keep the legacy fp16 and loss scale (the plugins default to bf16). Both need CUDA: on a
-        #       CPU host add 'allow_cpu_fallback': True to plugin_config to train with 'ddp'. See
+        # NOTE: strategies map to Booster plugins with the settings the legacy strategy picks (one table,
+        #       coati_compat.legacy.tables): naive and ddp -> 'ddp', colossalai_zero2 -> 'zero2', colossalai_gemini
+        #       -> 'gemini'; the _cpu variants offload to CPU (cpu_offload, offload_*_frac). ZeRO and Gemini keep
+        #       the legacy fp16 and loss scale (the plugins default to bf16). Both need CUDA: on a CPU host add
+        #       'allow_cpu_fallback': True to plugin_config to train with 'ddp'. See
         #       migration_guide/rewriter.md#trainer-strategy
         plugin_config=legacy_plugin_config(args.trainer_strategy),
         inference_backend=args.inference_backend,

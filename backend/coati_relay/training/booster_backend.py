@@ -23,6 +23,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from coati_relay.devices import accelerator_device
 
 from . import checkpoint_files
+from .backend_set import unwrap_boosted
 from .distributed import ensure_single_process_group
 from .finite_checks import check_losses, check_weights
 from .master_weights import find_master_optimizer, with_master_weights
@@ -319,9 +320,7 @@ class TrainingBackend:
 
     def unwrapped(self) -> nn.Module:
         """The model inside the plugin's wrappers (a peft model stays a peft model)."""
-        if self.booster is not None:
-            return self.model.unwrap(unwrap_peft=False)
-        return self.model.module if isinstance(self.model, nn.parallel.DistributedDataParallel) else self.model
+        return unwrap_boosted(self.model)
 
     def full_state_dict(self) -> Dict[str, torch.Tensor]:
         """The complete state dict of the module inside the wrappers (no copy where it is whole on this rank). A

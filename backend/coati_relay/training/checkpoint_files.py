@@ -141,3 +141,23 @@ def load_optimizer(booster: Any, optimizer: Any, path: str, map_location: Any = 
         booster.load_optimizer(optimizer, path)
     else:
         optimizer.load_state_dict(torch.load(path, map_location=map_location or "cpu"))
+
+
+class PlainFiles:
+    """The checkpoint methods of `TrainingBackend` for a model or optimizer that no backend holds: plain torch files
+    of its state as it is (no booster)."""
+
+    def __init__(self, model: Any = None, optimizer: Any = None) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def save_model(self, path: str, shard: bool = False, every_rank: bool = False, **kwargs: Any) -> None:
+        save_model(None, self.model, self.model, os.fspath(path), shard, every_rank, **kwargs)
+
+    def load_model(self, path: str, strict: bool = True, map_location: Any = None) -> None:
+        load_model(None, self.model, os.fspath(path), strict, map_location)
+
+    def save_optimizer(self, path: str, shard: bool = False, every_rank: bool = False, **kwargs: Any) -> None:
+        save_optimizer(None, self.optimizer, os.fspath(path), shard, every_rank, **kwargs)
+
+    def load_optimizer(self, path: str, map_location: Any = None) -> None:
+        load_optimizer(None, self.optimizer, os.fspath(path), map_location)

@@ -122,8 +122,9 @@ def _in_ray() -> bool:
     return ray is not None and ray.is_initialized()
 
 
-def init_process_group_from_env(timeout_s: float = 300) -> None:
-    """Joins the default process group that `RENDEZVOUS_ENV` describes (a no-op when this process is in one).
+def init_process_group_from_env(timeout_s: float = 300, required: bool = True, advice: Optional[str] = None) -> bool:
+    """Joins the default process group that `RENDEZVOUS_ENV` describes (a no-op when this process is in one); returns
+    whether this process is in a group now.
 
     Inside Ray the group meets on MASTER_PORT or, when that port was taken since it was chosen, on one its rank 0
     binds and tells the others through Ray (`rendezvous.given_port_store`), and the environment stays as it was.
@@ -131,13 +132,17 @@ def init_process_group_from_env(timeout_s: float = 300) -> None:
     MASTER_PORT) or a script that spawns its ranks; gloo on CPU, NCCL on CUDA (on the device of LOCAL_RANK).
 
     timeout_s: bound on the rendezvous and on every later collective.
+    required: False: where the environment describes no group, stay without one instead of raising.
+    advice: what the error for unset variables tells the caller to do (default: how a launcher sets them).
     """
     if dist.is_initialized():
-        return
+        return True
     missing = [key for key in RENDEZVOUS_ENV if key not in os.environ]
+    if missing and not required:
+        return False
     if missing:
-        raise ValueError(f"init_process_group_from_env: {missing} are not set; a launcher (torchrun) sets "
-                         f"{list(RENDEZVOUS_ENV)}, or call init_process_group with them")
+        advice = advice or f"a launcher (torchrun) sets {list(RENDEZVOUS_ENV)}, or call init_process_group with them"
+        raise ValueError(f"init_process_group_from_env: the environment variables {missing} are not set; {advice}")
     if timeout_s <= 0:
         raise ValueError(f"init_process_group_from_env: timeout_s must be > 0, got {timeout_s}")
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -146,13 +151,14 @@ def init_process_group_from_env(timeout_s: float = 300) -> None:
         store = given_port_store(rank, world_size, addr, port, timeout_s, RayPortBoard())
         with process_group_env_kept():
             init_process_group(rank, world_size, addr, store.port, timeout_s=timeout_s, store=store)
-        return
+        return True
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
     _leave_group_at_exit(world_size)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return True
 
 
 # The variables of a torch.distributed env:// rendezvous (``LOCAL_RANK`` aside: a launcher's, not the rendezvous').

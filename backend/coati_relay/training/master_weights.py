@@ -227,12 +227,16 @@ def with_master_weights(optimizer: Any, **loss_scale: Any) -> Any:
     return MasterWeightOptimizer(optimizer, **loss_scale)
 
 
+def optimizer_chain(optimizer: Any) -> List[Any]:
+    """``optimizer`` and the optimizers it wraps, outermost first (a plugin's ``OptimizerWrapper``, fp32 masters, the
+    optimizer they step), following ``.optim`` at most four levels down."""
+    chain: List[Any] = []
+    while optimizer is not None and len(chain) < 4:
+        chain.append(optimizer)
+        optimizer = getattr(optimizer, "optim", None)
+    return chain
+
+
 def find_master_optimizer(optimizer: Any) -> Optional[MasterWeightOptimizer]:
     """The `MasterWeightOptimizer` inside ``optimizer`` (itself, or under ColossalAI's ``OptimizerWrapper.optim``)."""
-    seen = 0
-    while optimizer is not None and seen < 4:
-        if isinstance(optimizer, MasterWeightOptimizer):
-            return optimizer
-        optimizer = getattr(optimizer, "optim", None)
-        seen += 1
-    return None
+    return next((o for o in optimizer_chain(optimizer) if isinstance(o, MasterWeightOptimizer)), None)

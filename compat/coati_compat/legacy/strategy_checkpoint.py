@@ -1,24 +1,13 @@
-"""Checkpoints of the legacy strategies: ``save_model`` / ``save_optimizer`` in the call forms of both legacy
-releases, and loads that read each form back.
+"""The checkpoint call forms of both legacy releases (the files are the engine's: atomic per-rank writes in
+`coati_relay.training.checkpoint_files`, through each prepared model's `TrainingBackend`).
 
-Reference version (ColossalAI ``b5f056636``), the meaning kept by default:
-
-- ``save_model(model, path, only_rank0=True)``: rank 0 writes the whole state dict to one file; with
-  ``only_rank0=False`` every rank writes it to its own ``path``.
-- ``save_optimizer(optimizer, path, only_rank0=False)``: every rank writes the optimizer state to its own ``path``
-  (a path per rank, e.g. ``optim-r{rank}.pt``, or one path for all); ``load_optimizer`` reads it back on each rank.
-  Here each rank writes the *complete* state (ZeRO/Gemini gather it), so a path shared by all ranks holds a file any
-  rank can load; ``only_rank0=True`` writes it once, from rank 0.
-
-Final release (``be400a093``): ``save_model(model, path, shard=True, **booster_kwargs)`` writes the booster's sharded
-checkpoint directory. The third positional argument of ``save_model`` is ``only_rank0`` unless
-``COATI_RELAY_LEGACY_NAMES=final``, which reads it as ``shard`` and makes ``save_optimizer`` write the booster's
-sharded directory as the final release did (``only_rank0=False`` meant ``shard=True``).
-
-The files themselves are the engine's (`coati_relay.training.checkpoint_files`, through each prepared model's
-`TrainingBackend`): per-rank files are written to a temporary name and renamed into place, so ranks sharing one path
-never leave a torn file. Loads take a file or a sharded directory; ``map_location`` (reference form) or ``strict``
-(final form) may come third.
+- Reference version (``b5f056636``), the default: ``save_model(model, path, only_rank0=True)`` writes one file from
+  rank 0 (``only_rank0=False``: every rank to its ``path``); ``save_optimizer(optimizer, path, only_rank0=False)``
+  the *complete* state from every rank to its ``path`` (ZeRO/Gemini gather it; a shared path holds a file any rank
+  can load; ``only_rank0=True``: from rank 0 only). Loads take ``map_location`` third and ``strict`` fourth.
+- Final release (``be400a093``) under ``COATI_RELAY_LEGACY_NAMES=final``: the third positional argument of
+  ``save_model`` is ``shard`` (``shard=True``: the booster's sharded directory, ``**booster_kwargs`` its options),
+  ``save_optimizer`` writes that directory unless ``only_rank0``, and loads take ``strict`` third.
 """
 from __future__ import annotations
 
@@ -39,10 +28,7 @@ def model_save_form(extra: Sequence[Any], only_rank0: Optional[bool], shard: Opt
         name = "shard" if legacy_switch.final_release() else "only_rank0"
         if (shard if name == "shard" else only_rank0) is not None:
             raise TypeError(f"save_model got {name} both as third positional argument and by keyword")
-        if name == "shard":
-            shard = extra[0]
-        else:
-            only_rank0 = extra[0]
+        shard, only_rank0 = (extra[0], only_rank0) if name == "shard" else (shard, extra[0])
     if shard and only_rank0 is False:
         raise ValueError("save_model: shard=True writes one sharded directory (the booster's, from the ranks that "
                          "hold the weights); only_rank0=False asks for a file per rank. Pass one of them.")
@@ -50,8 +36,7 @@ def model_save_form(extra: Sequence[Any], only_rank0: Optional[bool], shard: Opt
 
 
 def load_form(extra: Sequence[Any], strict: Optional[bool], map_location: Any) -> Tuple[bool, Any]:
-    """``(strict, map_location)`` of a ``load_model`` call: the reference form put ``map_location`` third and
-    ``strict`` fourth, the final release ``strict`` third."""
+    """``(strict, map_location)`` of a ``load_model`` call (``extra``: the positional arguments after ``path``)."""
     extra = list(extra)
     if extra and isinstance(extra[0], bool):  # final release: load_model(model, path, strict)
         if strict is not None or len(extra) > 1:

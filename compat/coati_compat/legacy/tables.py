@@ -1,14 +1,15 @@
 """Legacy names and defaults that the served API and the rewriter share (torch-free, so the rewriter stays light).
 
 ``LEGACY_STRATEGIES`` is the one table of the legacy ``--trainer_strategy`` choices: the strategy class each built,
-with its keywords (``coati.ray.utils.get_strategy_from_args``), and ``plugin_config`` turns an entry into the
-engine's ``plugin_config`` (what migrated scripts get). ``LEGACY_LR`` is the learning rate the legacy PPO trainer
-gave both optimizers.
+with its keywords (``coati.ray.utils.get_strategy_from_args``). `legacy_options` and `plugin_settings` map a strategy
+class and its keywords onto an engine plugin and its colossalai 0.5 settings: the strategies use them, and
+`class_plugin_config` / `plugin_config` give migrated scripts the same settings as ``plugin_config``. ``LEGACY_LR``
+is the learning rate the legacy PPO trainer gave both optimizers.
 """
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Mapping, NamedTuple
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ PLACEMENTS: Dict[str, Dict[str, Dict[str, Any]]] = {
 RENAMED = {"reduce_bucket_size": ("reduce_bucket_size_in_m", 1 / 1024 ** 2)}
 # Legacy keywords without a plugin setting, and what to do instead.
 DROPPED = {"shard_init": "load weights before strategy.prepare()"}
+# Legacy values that mean "off", the plugins' own default: left out (max_norm 0: no gradient clipping).
+OFF = {"max_norm": 0.0}
 # The fp16 loss-scale keywords (the same names in the plugins and in the engine's fp32 master weights).
 LOSS_SCALE_KEYS = ("initial_scale", "growth_factor", "backoff_factor", "growth_interval", "hysteresis",
                    "min_scale", "max_scale")
@@ -60,7 +63,8 @@ LOSS_SCALE_KEYS = ("initial_scale", "growth_factor", "backoff_factor", "growth_i
 def plugin_settings(plugin: str, options: Mapping[str, Any]) -> Dict[str, Any]:
     """The colossalai 0.5 options of ``plugin`` ("zero2", "gemini") for a legacy strategy's keywords: placement
     through `PLACEMENTS` (its settings win over the same keys given beside it), `RENAMED` keys converted, `DROPPED`
-    keys logged and left out, every other key as it is (so settings already in colossalai's terms pass through)."""
+    keys logged and left out, `OFF` values left out, every other key as it is (so settings already in colossalai's
+    terms pass through)."""
     out: Dict[str, Any] = {}
     for key, value in options.items():
         if key in RENAMED:
@@ -69,7 +73,7 @@ def plugin_settings(plugin: str, options: Mapping[str, Any]) -> Dict[str, Any]:
         elif key in DROPPED:
             if value:
                 logger.warning("%s=%r is ignored: %s", key, value, DROPPED[key])
-        elif key != "placement_policy":
+        elif key != "placement_policy" and not (key in OFF and value == OFF[key]):
             out[key] = value
     if "placement_policy" in options:
         table = PLACEMENTS.get(plugin, {})
@@ -81,8 +85,59 @@ def plugin_settings(plugin: str, options: Mapping[str, Any]) -> Dict[str, Any]:
     return out
 
 
-# Strategy keywords that carry over to the plugin under the same name.
-_PLUGIN_KEYS = ("initial_scale", "offload_optim_frac", "offload_param_frac")
+_SCALE_AND_CLIP = {"initial_scale": 2 ** 16, "growth_factor": 2, "backoff_factor": 0.5, "growth_interval": 1000,
+                   "hysteresis": 2, "min_scale": 1, "max_scale": 2 ** 32, "max_norm": 0.0, "norm_type": 2.0}
+_ZERO = {"reduce_bucket_size": 12 * 1024 ** 2, "overlap_communication": True}
+_GEMINI = {"shard_init": False, "pin_memory": True, "force_outputs_fp32": False, "hidden_dim": None,
+           "gpu_margin_mem_ratio": 0.0}
+# The keyword defaults of the legacy strategy classes that reach a plugin (a test checks them against the classes).
+STRATEGY_DEFAULTS: Dict[str, Dict[str, Any]] = {
+    "NaiveStrategy": {}, "DDPStrategy": {},
+    "LowLevelZeroStrategy": {"stage": 2, "precision": LEGACY_PRECISION, "placement_policy": "cuda", **_ZERO,
+                             **_SCALE_AND_CLIP},
+    "GeminiStrategy": {"placement_policy": "auto", "shard_param_frac": 1.0, "offload_optim_frac": 0.0,
+                       "offload_param_frac": 0.0, "search_range_m": 32, "min_chunk_size_m": 32, **_GEMINI,
+                       **_SCALE_AND_CLIP},
+    "ColossalAIStrategy": {"stage": 3, "precision": LEGACY_PRECISION, "placement_policy": "cuda",
+                           "search_range_mb": 32, "min_chunk_size_mb": 32, **_GEMINI, **_ZERO, **_SCALE_AND_CLIP},
+}
+_ZERO_KEYS = ("stage", "precision", "placement_policy", *_ZERO, *_SCALE_AND_CLIP)
+_NOT_GEMINI = ("stage", *_ZERO)
+
+
+def legacy_options(cls: str, options: Mapping[str, Any]) -> Tuple[Optional[str], Dict[str, Any]]:
+    """``(plugin, options)`` of legacy strategy class ``cls`` built with keywords ``options`` (its defaults for the
+    rest): ZeRO's options already in plugin terms, Gemini's with the legacy keywords (fp16, as the legacy code
+    forced); `plugin_settings` maps both. ``ColossalAIStrategy``: stage 3 is Gemini, 1 and 2 LowLevelZero. Raises
+    ValueError where the legacy class asserted."""
+    if cls not in STRATEGY_DEFAULTS:
+        raise ValueError(f"unknown legacy strategy class {cls!r}; use one of {sorted(STRATEGY_DEFAULTS)}")
+    unknown = sorted(set(options) - set(STRATEGY_DEFAULTS[cls]))
+    if unknown:
+        raise ValueError(f"{cls} has no plugin keywords {unknown}; known: {sorted(STRATEGY_DEFAULTS[cls])}")
+    opts = {**STRATEGY_DEFAULTS[cls], **options}
+    if cls == "ColossalAIStrategy":
+        if opts["stage"] not in (1, 2, 3):
+            raise ValueError(f"ColossalAIStrategy: stage must be 1, 2 or 3, got {opts['stage']!r}")
+        if opts["precision"] not in ("fp32", "fp16"):
+            raise ValueError(f"ColossalAIStrategy: precision must be 'fp32' or 'fp16', got {opts['precision']!r}")
+        if opts["stage"] == 3 and opts["placement_policy"] not in ("cpu", "cuda"):
+            raise ValueError(f"placement_policy must be 'cpu' or 'cuda', got {opts['placement_policy']!r}")
+        cls = "GeminiStrategy" if opts["stage"] == 3 else "LowLevelZeroStrategy"
+        opts["search_range_m"], opts["min_chunk_size_m"] = opts.pop("search_range_mb"), opts.pop("min_chunk_size_mb")
+    if cls == "LowLevelZeroStrategy":
+        return CLASS_PLUGINS[cls], plugin_settings("zero2", {k: opts[k] for k in _ZERO_KEYS})
+    if cls == "GeminiStrategy":
+        return CLASS_PLUGINS[cls], {**{k: v for k, v in opts.items() if k not in _NOT_GEMINI},
+                                    "precision": LEGACY_PRECISION}
+    return (None if cls == "NaiveStrategy" else CLASS_PLUGINS[cls]), {}
+
+
+def class_plugin_config(cls: str, options: Mapping[str, Any]) -> Dict[str, Any]:
+    """The engine ``plugin_config`` that trains as ``cls(**options)`` did: the plugin and settings the strategy
+    itself picks (`legacy_options`, `plugin_settings`); the naive strategy trains as ``"ddp"``."""
+    plugin, settings = legacy_options(cls, options)
+    return {"plugin": plugin or "ddp", **(plugin_settings(plugin, settings) if plugin else {})}
 
 
 def legacy_strategy(name: str) -> LegacyStrategy:
@@ -93,13 +148,6 @@ def legacy_strategy(name: str) -> LegacyStrategy:
 
 
 def plugin_config(name: str) -> Dict[str, Any]:
-    """The engine ``plugin_config`` that trains as legacy strategy ``name`` did (ZeRO/Gemini: fp16, offloads)."""
+    """The engine ``plugin_config`` that trains as legacy ``--trainer_strategy`` ``name`` did."""
     entry = legacy_strategy(name)
-    plugin = CLASS_PLUGINS[entry.cls]
-    config: Dict[str, Any] = {"plugin": plugin}
-    if plugin != "ddp":
-        config["precision"] = LEGACY_PRECISION
-    config.update({k: entry.options[k] for k in _PLUGIN_KEYS if k in entry.options})
-    if entry.options.get("placement_policy") == "cpu":
-        config["cpu_offload"] = True
-    return config
+    return class_plugin_config(entry.cls, entry.options)

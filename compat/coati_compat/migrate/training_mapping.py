@@ -5,9 +5,9 @@
 from __future__ import annotations
 
 import ast
-from typing import Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
-from coati_compat.legacy.tables import LEGACY_LR, LEGACY_STRATEGIES
+from coati_compat.legacy.tables import LEGACY_LR, LEGACY_STRATEGIES, STRATEGY_DEFAULTS, class_plugin_config
 from coati_compat.migrate import emitted
 from coati_compat.migrate.analyze import ActorCall, ModelRef
 from coati_compat.migrate.builder import MappingContext
@@ -180,6 +180,18 @@ def map_algorithm(b: MappingContext, maker: Optional[ActorCall], trainer: Option
     p.kwargs["core_algo"] = '"PPO"'
 
 
+def _strategy_call(node: ast.AST) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """``(class, keywords)`` of the one legacy strategy class that ``node`` builds with literal keywords only (no
+    positional arguments); None otherwise."""
+    calls = [n for n in ast.walk(node) if call_name(n) in STRATEGY_DEFAULTS]
+    if len(calls) != 1 or calls[0].args:
+        return None
+    keywords = {k.arg: literal(k.value) for k in calls[0].keywords}
+    if None in keywords or not all(ok for ok, _ in keywords.values()):
+        return None
+    return call_name(calls[0]), {k: value for k, (_, value) in keywords.items()}
+
+
 def map_plugin(b: MappingContext, maker: Optional[ActorCall], trainer: Optional[ActorCall]) -> None:
     if b.kw(maker, "strategy_fn") is not None:
         b.note("maker-strategy", "the maker's strategy_fn has no counterpart: producers generate with the "
@@ -192,6 +204,17 @@ def map_plugin(b: MappingContext, maker: Optional[ActorCall], trainer: Optional[
     strategy = None
     if call_name(node) == "partial" and len(node.args) >= 2:
         strategy = b.code(node.args[1])
+    built = _strategy_call(node) if strategy is None else None
+    if built is not None:  # the strategy class with its own keywords: the settings the shim would pick
+        try:
+            b.plan.kwargs["plugin_config"] = repr(class_plugin_config(*built))
+        except ValueError as exc:
+            b.plan.kwargs["plugin_config"] = '{"plugin": "ddp"}'
+            b.note("unread", f"the trainer's strategy_fn was not read ({exc}); using the 'ddp' plugin.",
+                   key="plugin_config", line=trainer.line)
+            return
+        _note_strategy(b)
+        return
     if strategy is None:
         names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} & set(_STRATEGY_CLASSES)
         strategy = repr(_STRATEGY_CLASSES[sorted(names)[0]]) if len(names) == 1 else None
@@ -204,9 +227,13 @@ def map_plugin(b: MappingContext, maker: Optional[ActorCall], trainer: Optional[
     b.plan.kwargs["plugin_config"] = (repr(emitted.legacy_plugin_config(value)) if ok
                                       else f"{b.helper('legacy_plugin_config')}({strategy})")
     if not (ok and value == "ddp"):
-        b.note("trainer-strategy", "strategies map to Booster plugins: naive and ddp -> 'ddp', colossalai_zero2 -> "
-                                   "'zero2', colossalai_gemini -> 'gemini'; the _cpu variants offload to CPU "
-                                   "(cpu_offload, offload_*_frac). ZeRO and Gemini keep the legacy fp16 and loss "
-                                   "scale (the plugins default to bf16). Both need CUDA: on a CPU host add "
-                                   "'allow_cpu_fallback': True to plugin_config to train with 'ddp'.",
-               key="plugin_config")
+        _note_strategy(b)
+
+
+def _note_strategy(b: MappingContext) -> None:
+    b.note("trainer-strategy", "strategies map to Booster plugins with the settings the legacy strategy picks (one "
+                               "table, coati_compat.legacy.tables): naive and ddp -> 'ddp', colossalai_zero2 -> "
+                               "'zero2', colossalai_gemini -> 'gemini'; the _cpu variants offload to CPU (cpu_offload, "
+                               "offload_*_frac). ZeRO and Gemini keep the legacy fp16 and loss scale (the plugins "
+                               "default to bf16). Both need CUDA: on a CPU host add 'allow_cpu_fallback': True to "
+                               "plugin_config to train with 'ddp'.", key="plugin_config")

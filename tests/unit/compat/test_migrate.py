@@ -96,6 +96,8 @@ def test_every_example_becomes_a_ppo_launch_with_notes(migrations, name):
 
 
 def test_many_roles_maps_the_ci_configuration(migrations):
+    from coati_compat.legacy.tables import plugin_config
+
     m = migrations["ppo_many_roles.py"]
     assert m.complete
     kw = m.launch_kwargs(["--num_makers", "2", "--num_trainers", "2", "--trainer_strategy", "colossalai_gemini",
@@ -103,7 +105,9 @@ def test_many_roles_maps_the_ci_configuration(migrations):
                           "4", "--train_batch_size", "2", "--prompt_path", "p.csv"])
     assert (kw["num_producers"], kw["num_consumer_procs"]) == (2, 2)
     assert (kw["inference_batch_size"], kw["inference_microbatch_size"], kw["train_batch_size"]) == (4, 4, 2)
-    assert kw["plugin_config"] == {"plugin": "gemini", "precision": "fp16", "initial_scale": 32}
+    assert kw["plugin_config"] == plugin_config("colossalai_gemini")  # the one table's (exact: below)
+    assert {k: kw["plugin_config"][k] for k in ("plugin", "precision", "initial_scale", "placement_policy")} == \
+        {"plugin": "gemini", "precision": "fp16", "initial_scale": 32, "placement_policy": "static"}
     assert kw["inference_model_config"] == {"path": "/m/opt-350m"} == {"path": kw["train_model_config"]["path"]}
     assert kw["critic_model_config"] == kw["reward_model_config"] == {"path": "/m/opt-125m"}
     assert kw["train_dataset_config"] == {"path": "p.csv", "max_length": 64}
@@ -128,10 +132,17 @@ def test_every_strategy_choice_translates(migrations):
     got = {name: m.launch_kwargs({"trainer_strategy": name})["plugin_config"] for name in LEGACY_STRATEGIES}
     assert got == {name: plugin_config(name) for name in LEGACY_STRATEGIES}
     assert got["naive"] == got["ddp"] == {"plugin": "ddp"}
-    assert got["colossalai_zero2"] == {"plugin": "zero2", "precision": "fp16"}
-    assert got["colossalai_zero2_cpu"] == {"plugin": "zero2", "precision": "fp16", "cpu_offload": True}
-    assert got["colossalai_gemini"] == {"plugin": "gemini", "precision": "fp16", "initial_scale": 32}
-    assert got["colossalai_gemini_cpu"]["offload_param_frac"] == got["colossalai_gemini_cpu"]["offload_optim_frac"] == 1
+    scale = {"growth_factor": 2, "backoff_factor": 0.5, "growth_interval": 1000, "hysteresis": 2, "min_scale": 1,
+             "max_scale": 2 ** 32, "norm_type": 2.0}  # the legacy strategies' loss scale (max_norm 0: no clipping)
+    zero = {"plugin": "zero2", "stage": 2, "precision": "fp16", "reduce_bucket_size_in_m": 12.0,
+            "overlap_communication": True, "initial_scale": 2 ** 16, **scale}
+    assert got["colossalai_zero2"] == {**zero, "cpu_offload": False}
+    assert got["colossalai_zero2_cpu"] == {**zero, "cpu_offload": True}
+    gemini = {"plugin": "gemini", "precision": "fp16", "initial_scale": 32, "placement_policy": "static",
+              "shard_param_frac": 1.0, "search_range_m": 32, "min_chunk_size_m": 32, "pin_memory": True,
+              "force_outputs_fp32": False, "hidden_dim": None, "gpu_margin_mem_ratio": 0.0, **scale}
+    assert got["colossalai_gemini"] == {**gemini, "offload_param_frac": 0.0, "offload_optim_frac": 0.0}
+    assert got["colossalai_gemini_cpu"] == {**gemini, "offload_param_frac": 1.0, "offload_optim_frac": 1.0}
     for config in got.values():
         options = dict(config)
         resolve_plugin(options.pop("plugin"), options, allow_cpu_fallback=True)
