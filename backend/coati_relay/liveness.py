@@ -8,13 +8,21 @@ the actor was briefly unreachable, e.g. a node left or it restarts) is not a dea
 The probe call is ``__ray_ready__`` by default, which every Ray actor has. With ``method="watch"`` (a call pending
 for the actor's whole life, `coati_relay.placement.ServiceActor.watch`) the calls stay outstanding while the actors
 live, so `LivenessProbe.pending` can join a `ray.wait` that must wake up as soon as one of them dies.
+
+`ProducerRoster`: the producers that announced themselves to a consumer, and whether any of them can still send.
 """
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Set
+import threading
+import time
+from typing import Any, Dict, List, Optional, Set
 
 log = logging.getLogger(__name__)
+
+
+class NoProducersError(RuntimeError):
+    """Every producer feeding a consumer has died or finished, and the consumer has nothing left to take."""
 
 
 class LivenessProbe:
@@ -83,3 +91,65 @@ class LivenessProbe:
         self._handles.pop(name, None)
         for ref in [r for r, n in self._probes.items() if n == name]:
             del self._probes[ref]
+
+
+class ProducerRoster:
+    """Producers that announced themselves (``register``) and ended their loop (``finished``); a producer registered
+    with a Ray actor handle is also probed for its death. Thread-safe.
+
+    finished_grace_s: how long every producer must have been finished (or dead) before none is expected to send.
+    """
+
+    def __init__(self, finished_grace_s: float) -> None:
+        if not finished_grace_s >= 0:
+            raise ValueError(f"ProducerRoster: finished_grace_s must be >= 0 seconds, got {finished_grace_s!r}")
+        self.finished_grace_s = float(finished_grace_s)
+        self.probe = LivenessProbe({})
+        self._names: Set[str] = set()
+        self._finished: Set[str] = set()
+        self._all_finished_since: Optional[float] = None
+        self._lock = threading.Lock()
+
+    def register(self, name: str, handle: Any = None) -> None:
+        """``name`` sends from now on (again); ``handle``: its Ray actor handle, probed for its death."""
+        with self._lock:
+            self._names.add(name)
+            self._finished.discard(name)
+            self.probe.remove(name)
+            if handle is not None:
+                self.probe.add(name, handle)
+            self._all_finished_since = None
+
+    def finished(self, name: str) -> None:
+        """``name`` ended its loop: it sends nothing more unless it registers again."""
+        with self._lock:
+            if name in self._names:
+                self._finished.add(name)
+
+    def states(self) -> Dict[str, str]:
+        """name -> "running" | "finished" | "dead" (looks at the probes without blocking)."""
+        with self._lock:
+            dead = self.probe.dead()
+            return {n: "dead" if n in dead else "finished" if n in self._finished else "running"
+                    for n in sorted(self._names)}
+
+    def exhausted(self) -> Optional[Dict[str, str]]:
+        """The `states` when producers registered and none can send again: all dead, or all finished or dead with
+        the last one finished for ``finished_grace_s``; None otherwise (also when none registered)."""
+        states = self.states()
+        with self._lock:
+            if not states or "running" in states.values():
+                self._all_finished_since = None
+                return None
+            if "finished" in states.values():
+                now = time.monotonic()
+                self._all_finished_since = self._all_finished_since or now
+                if now - self._all_finished_since < self.finished_grace_s:
+                    return None
+            return states
+
+    def check(self, context: str) -> None:
+        """Raises `NoProducersError` (its message: the states, then ``context``) when `exhausted`."""
+        states = self.exhausted()
+        if states:
+            raise NoProducersError(f"no producer can send another batch ({states}); {context}")

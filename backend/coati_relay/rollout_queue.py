@@ -9,6 +9,9 @@ Staleness bound ``k``: a consumer at weight version ``v`` accepts entries made b
 are dropped, counted, and their tasks made again. Conservation holds at every moment:
 ``produced == consumed + dropped + in_flight``.
 
+`LocalRolloutQueue` is the same hand-off for the threads of one process (the legacy trainer's buffer, which receives
+its experience as call arguments): its entries hold the payloads themselves, which never enter the object store.
+
 The queue actor hosts three small components: this hand-off (`RolloutQueueState`), the `TaskBoard` producers claim
 their tasks from (`coati_relay.task_board`), and the `ReportLog` of consumer metrics the driver reads
 (`coati_relay.metrics`). They share an actor so that a producer's death drops its entries and requeues their tasks
@@ -18,9 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from coati_relay.metrics import ReportLog
 from coati_relay.placement import ServiceActor
@@ -120,6 +124,88 @@ class RolloutQueueState:
             "produced_samples": self.produced_size, "consumed_samples": self.consumed_size,
             "dropped_samples": self.dropped_size, "lost": self.lost, "closed": self.closed,
         }
+
+
+class LocalRolloutQueue:
+    """`RolloutQueueState` shared by the threads of one process: blocking put and get with timeouts, close, counters.
+
+    maxsize: entries held at most (<= 0: unbounded; `set_maxsize` changes it, waking blocked puts). staleness: as in
+    `RolloutQueueState`. Every wait takes a timeout in seconds and raises `TimeoutError` after it; a closed queue
+    raises `QueueClosed` to every put and get, waiting or not.
+    """
+
+    def __init__(self, maxsize: int = 0, staleness: Optional[int] = None):
+        self.state = RolloutQueueState(maxsize, staleness)
+        self._changed = threading.Condition()
+
+    def _wait(self, ready: Callable[[], bool], timeout_s: float) -> bool:
+        """Waits (lock held) until ``ready()`` (True) or ``timeout_s`` passed (False); `QueueClosed` once closed."""
+        done = self._changed.wait_for(lambda: self.state.closed or ready(), timeout=max(0.0, timeout_s))
+        if self.state.closed:
+            raise QueueClosed(self.state.close_reason or "queue closed")
+        return done
+
+    def _timed_out(self, what: str, timeout_s: float) -> TimeoutError:
+        return TimeoutError(f"LocalRolloutQueue: {what} timed out after {timeout_s:.1f}s "
+                            f"(counters: {self.counters()})")
+
+    def put(self, entry: QueueEntry, timeout_s: float) -> None:
+        """Appends ``entry``; blocks while the queue is full (backpressure)."""
+        with self._changed:
+            if not self._wait(lambda: not self.state.full(), timeout_s):
+                raise self._timed_out(f"put by {entry.producer or 'a producer'}", timeout_s)
+            self.state.put(entry)
+            self._changed.notify_all()
+
+    def get(self, n: int, timeout_s: float, consumer_version: Optional[int] = None,
+            check: Optional[Callable[[], None]] = None, check_every_s: float = 1.0) -> List[QueueEntry]:
+        """The ``n`` oldest entries no staler than the bound; blocks until there are ``n``. While it waits,
+        ``check()`` runs every ``check_every_s`` (outside the lock) and may raise to end the wait early."""
+        if n < 1:
+            raise ValueError(f"LocalRolloutQueue.get: n must be >= 1, got {n}")
+
+        def ready() -> bool:
+            if self.state.drop_stale(consumer_version):
+                self._changed.notify_all()  # room for blocked puts
+            return len(self.state.entries) >= n
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            with self._changed:
+                if self._wait(ready, left if check is None else min(left, check_every_s)):
+                    out = self.state.pop(n)
+                    self._changed.notify_all()
+                    return out
+            if time.monotonic() >= deadline:
+                raise self._timed_out(f"get of {n} entries", timeout_s)
+            check()
+
+    def set_maxsize(self, maxsize: int) -> None:
+        with self._changed:
+            self.state.maxsize = maxsize
+            self._changed.notify_all()
+
+    def drop_all(self) -> List[QueueEntry]:
+        """Drops every entry (counted as dropped) and returns them."""
+        with self._changed:
+            dropped, self.state.entries = list(self.state.entries), collections.deque()
+            self.state.dropped += len(dropped)
+            self.state.dropped_size += sum(e.size for e in dropped)
+            self._changed.notify_all()
+            return dropped
+
+    def qsize(self) -> int:
+        return len(self.state.entries)
+
+    def counters(self) -> Dict[str, Any]:
+        with self._changed:
+            return self.state.counters()
+
+    def close(self, reason: str = "") -> None:
+        with self._changed:
+            self.state.closed, self.state.close_reason = True, reason
+            self._changed.notify_all()
 
 
 class RolloutQueueActor(ServiceActor):

@@ -198,7 +198,7 @@ def test_buffer_length_and_blocking_follow_the_reference_model():
         return Experience(ids[:, None].repeat(1, 4), torch.zeros(n, 2), ids.float(), ids.float(),
                           ids.float()[:, None], torch.ones(n, 4, dtype=torch.long), torch.ones(n, 2).bool())
 
-    buf, model = DetachedReplayBuffer(2, limit=2, use_ray=False), LegacyReplayBufferModel(2, limit=2)
+    buf, model = DetachedReplayBuffer(2, limit=2), LegacyReplayBufferModel(2, limit=2)
     producers, next_id = [], 0
     for op in ["extend 3", "extend 4", "sample", "extend 1", "sample", "sample", "extend 5", "sample", "sample"]:
         if op == "sample":

@@ -120,7 +120,7 @@ def test_fit_replays_the_same_batches_as_the_reference(update_steps, train_epoch
     log = StepLog()
     trainer = DetachedPPOTrainerImpl([], NaiveStrategy, models, train_batch_size=BATCH, callbacks=[log],
                                      actor_lr=1e-3, critic_lr=3e-4)
-    trainer.detached_replay_buffer = DetachedReplayBuffer(BATCH, use_ray=False)
+    trainer.detached_replay_buffer = DetachedReplayBuffer(BATCH)
     ref = Reference(trainer, 1e-3, 3e-4)
     episodes = 24 // (update_steps * train_epochs)
     rollouts = fixed_rollouts(ref.actor, episodes * update_steps)

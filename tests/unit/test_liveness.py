@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from coati_relay.liveness import LivenessProbe
+from coati_relay.liveness import LivenessProbe, NoProducersError, ProducerRoster
 
 DEADLINE_S = 15.0
 
@@ -29,6 +29,24 @@ def test_empty_probe_needs_no_ray():
 def test_probe_rejects_a_missing_handle():
     with pytest.raises(ValueError, match="'m0' has no handle"):
         LivenessProbe({"m0": None})
+
+
+def test_roster_waits_the_grace_period_once_every_producer_finished():
+    roster = ProducerRoster(finished_grace_s=0.3)
+    assert roster.exhausted() is None  # nobody registered: nothing to expect
+    roster.register("p0")
+    roster.register("p1")
+    roster.finished("p0")
+    roster.finished("stranger")  # never registered: ignored
+    assert roster.exhausted() is None and roster.states() == {"p0": "finished", "p1": "running"}
+    roster.finished("p1")
+    assert roster.exhausted() is None  # the grace period starts
+    time.sleep(0.35)
+    assert roster.exhausted() == {"p0": "finished", "p1": "finished"}
+    with pytest.raises(NoProducersError, match=r"'p1': 'finished'\}\); 3 items wait"):
+        roster.check("3 items wait")
+    roster.register("p1")  # a new loop
+    assert roster.exhausted() is None and roster.states()["p1"] == "running"
 
 
 @pytest.mark.slow
@@ -56,4 +74,12 @@ def test_killed_actor_is_reported_dead_and_the_live_one_not(ray_cluster):
     assert time.monotonic() - start < 5 * 1.0 + DEADLINE_S
     probe.remove("a")
     assert probe.dead() == set() and probe.names() == {"b"}
+    roster = ProducerRoster(finished_grace_s=3600)  # a death needs no grace period
+    roster.register("a", a)
+    roster.register("b", b)
+    assert roster.exhausted() is None
     ray.kill(b)
+    start = time.monotonic()
+    while roster.exhausted() is None and time.monotonic() - start < DEADLINE_S:
+        time.sleep(0.1)
+    assert roster.exhausted() == {"a": "dead", "b": "dead"}

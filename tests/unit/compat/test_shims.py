@@ -43,7 +43,7 @@ def ids_of(batch: Experience):
 
 
 def local_buffer(bs: int, limit: int = 0, **kw) -> DetachedReplayBuffer:
-    return DetachedReplayBuffer(bs, limit, use_ray=False, **kw)
+    return DetachedReplayBuffer(bs, limit, **kw)
 
 
 # -- replay buffer ------------------------------------------------------------------------------------------------
@@ -152,7 +152,7 @@ def test_sample_raises_when_every_maker_is_dead(ray_cluster):
 
     makers = [Maker.remote() for _ in range(2)]
     ray.get([m.ping.remote() for m in makers], timeout=60)
-    buf = DetachedReplayBuffer(2, use_ray=True, poll_s=0.2, wait_timeout_s=60)
+    buf = DetachedReplayBuffer(2, poll_s=0.2, wait_timeout_s=60)
     for i, m in enumerate(makers):
         buf.register_producer(f"maker{i}", m)
     buf.append(make_batch([1, 2]))

@@ -1,0 +1,43 @@
+"""The legacy buffer hands experience off once: the items a trainer receives stay in its process until sampled."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from coati_compat.legacy.experience import Experience, split_experience_batch
+from coati_compat.shims.replay_buffer import DetachedReplayBuffer
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+
+
+def _batch(ids) -> Experience:
+    ids = torch.as_tensor(ids, dtype=torch.long)
+    b = ids.numel()
+    return Experience(sequences=ids[:, None].repeat(1, 5), action_log_probs=torch.zeros(b, 2), values=ids.float(),
+                      reward=ids.float(), advantages=ids.float()[:, None],
+                      attention_mask=torch.ones(b, 5, dtype=torch.long), action_mask=torch.ones(b, 2).bool())
+
+
+@pytest.mark.slow
+def test_extend_to_sample_makes_no_actor_and_no_object_store_trip(ray_cluster, monkeypatch):
+    ray = ray_cluster
+    calls = {"ray.put": 0, "ray.get": 0, "actor started": 0}
+
+    def counting(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(ray, "put", counting("ray.put", ray.put))
+    monkeypatch.setattr(ray, "get", counting("ray.get", ray.get))
+    monkeypatch.setattr(ray.actor.ActorClass, "_remote", counting("actor started", ray.actor.ActorClass._remote))
+    items = split_experience_batch(_batch([3, 4, 5, 6]))  # as a maker's buffer_extend call delivers them
+    buf = DetachedReplayBuffer(2, limit=1, wait_timeout_s=5)
+    buf.set_throttle(False)
+    buf.extend(items)
+    first, second = buf.sample(), buf.sample()
+    assert first.sequences[:, 0].tolist() == [3, 4] and second.sequences[:, 0].tolist() == [5, 6]
+    buf.clear()
+    assert calls == {"ray.put": 0, "ray.get": 0, "actor started": 0}
+    assert buf.counters()["consumed"] == 2
