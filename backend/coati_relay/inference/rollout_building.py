@@ -186,4 +186,34 @@ def pad_id_of(tokenizer: Any, eos_ids: List[int]) -> int:
     if eos_ids:
         return eos_ids[0]
     raise ValueError("the tokenizer has neither a pad nor an EOS token; set tokenizer.pad_token before building "
-                     "the backend")
+                     "the backend (or, without a tokenizer, pass pad_token_id)")
+
+
+def special_token_ids(model_path: Optional[str], tokenizer: Any, model_config: Any,
+                      eos_token_ids: Optional[Sequence[int]] = None, pad_token_id: Optional[int] = None
+                      ) -> Tuple[Any, List[int], int, Optional[int]]:
+    """(tokenizer or None, EOS ids, pad id, the main EOS id or None) of a backend.
+
+    Without ``eos_token_ids``: the tokenizer (`resolve_tokenizer`) and the checkpoint's EOS ids. With them (a backend
+    started from a module, with no checkpoint tokenizer): exactly those ids stop a response, and no tokenizer is
+    loaded. ``pad_token_id`` (padding only) defaults to the tokenizer's pad id, else the first EOS id.
+    """
+    if eos_token_ids is None:
+        if model_path is None and tokenizer is None:
+            raise ValueError("a backend without a checkpoint path needs eos_token_ids (an empty list: no EOS stops "
+                             "a response) or a tokenizer")
+        tokenizer = resolve_tokenizer(tokenizer, model_path)
+        eos_ids = checkpoint_eos_ids(model_path, tokenizer, model_config) if model_path is not None else \
+            sorted({int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set())
+    else:
+        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in eos_token_ids):
+            raise ValueError(f"eos_token_ids must be token ids (ints >= 0), got {list(eos_token_ids)!r}")
+        eos_ids = sorted(set(eos_token_ids))
+    if pad_token_id is not None:
+        if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int) or pad_token_id < 0:
+            raise ValueError(f"pad_token_id must be a token id (an int >= 0), got {pad_token_id!r}")
+        pad = pad_token_id
+    else:
+        pad = pad_id_of(tokenizer, eos_ids)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return tokenizer, eos_ids, pad, eos if eos is not None else (eos_ids[0] if eos_ids else None)

@@ -26,10 +26,8 @@ from coati_relay.inference.rollout_building import (
     check_prompts,
     check_sampling,
     check_weight_update,
-    checkpoint_eos_ids,
-    pad_id_of,
     pad_prompts,
-    resolve_tokenizer,
+    special_token_ids,
     stop_token_ids,
 )
 from coati_relay.prompt_sharing import prefill_shared
@@ -58,31 +56,27 @@ class TransformersBackend:
         self._attach(model, model_path, sampling, tokenizer, device, seed, shared=False)
 
     @classmethod
-    def around(cls, model: torch.nn.Module, model_path: str, sampling: SamplingConfig, tokenizer=None,
-               seed: int = 0) -> "TransformersBackend":
-        """A backend generating with ``model`` itself (a transformers causal LM being trained elsewhere in this
-        process): no copy; each `generate` puts it in eval mode under ``no_grad`` and restores its mode after.
-        ``model_path``: the checkpoint it was loaded from (its EOS ids and tokenizer)."""
+    def around(cls, model: torch.nn.Module, model_path: Optional[str], sampling: SamplingConfig, tokenizer=None,
+               seed: int = 0, *, eos_token_ids: Optional[Sequence[int]] = None,
+               pad_token_id: Optional[int] = None) -> "TransformersBackend":
+        """A backend generating with ``model`` itself (a transformers causal LM being trained, or pushed to,
+        elsewhere in this process): no copy; each `generate` puts it in eval mode under ``no_grad`` and restores its
+        mode after. ``model_path``: the checkpoint it was loaded from (its EOS ids and tokenizer), or None with
+        ``eos_token_ids`` (the ids that stop a response; [] for none) and ``pad_token_id`` (padding only) given."""
         backend = cls.__new__(cls)
-        backend._attach(model, model_path, sampling, tokenizer, next(model.parameters()).device, seed, shared=True)
+        backend._attach(model, model_path, sampling, tokenizer, next(model.parameters()).device, seed, shared=True,
+                        eos_token_ids=eos_token_ids, pad_token_id=pad_token_id)
         return backend
 
-    def _attach(self, model: torch.nn.Module, model_path: str, sampling: SamplingConfig, tokenizer,
-                device: torch.device, seed: int, shared: bool) -> None:
-        from transformers import GenerationConfig
-
+    def _attach(self, model: torch.nn.Module, model_path: Optional[str], sampling: SamplingConfig, tokenizer,
+                device: torch.device, seed: int, shared: bool, eos_token_ids: Optional[Sequence[int]] = None,
+                pad_token_id: Optional[int] = None) -> None:
         self.sampling = sampling
         self.device = device
         self.shared = shared
-        self.tokenizer = resolve_tokenizer(tokenizer, model_path)
         self.model = model
-        self._eos_ids = checkpoint_eos_ids(model_path, self.tokenizer, self.model.config)
-        self.pad_token_id = pad_id_of(self.tokenizer, self._eos_ids)
-        self.eos_token_id: Optional[int] = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None \
-            else (self._eos_ids[0] if self._eos_ids else None)
-        # A neutral generation config, so that no checkpoint default (repetition penalty, top-k, ...) leaks in.
-        self.model.generation_config = GenerationConfig(pad_token_id=self.pad_token_id,
-                                                        eos_token_id=self._eos_ids or None)
+        self.tokenizer, self._eos_ids, self.pad_token_id, self.eos_token_id = special_token_ids(
+            model_path, tokenizer, model.config, eos_token_ids, pad_token_id)
         self._params = self.model.state_dict(keep_vars=True)
         self._shapes = {k: v.shape for k, v in self._params.items()}
         self._vocab_size = self.model.get_input_embeddings().num_embeddings

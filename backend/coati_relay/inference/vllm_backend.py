@@ -19,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
+import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -28,6 +30,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from coati_relay.devices import accelerator_device
 from coati_relay.inference.base import SamplingConfig
+from coati_relay.inference.module_checkpoint import write_module_checkpoint
 from coati_relay.inference.rollout_building import (
     SeedSequence,
     build_rollout,
@@ -35,10 +38,8 @@ from coati_relay.inference.rollout_building import (
     check_prompts,
     check_sampling,
     check_weight_update,
-    checkpoint_eos_ids,
-    pad_id_of,
     pad_prompts,
-    resolve_tokenizer,
+    special_token_ids,
     stop_token_ids,
 )
 from coati_relay.rollout import Rollout
@@ -72,14 +73,18 @@ class VLLMBackend:
     the compilation and starts several seconds sooner (weights reload correctly in both modes). ``max_model_len``
     defaults to the smaller of 1024 and the model's maximum. Responses are right-padded to the longest one of each call.
     ``start_seconds`` and ``last_reload_seconds`` record the engine start and the last weight reload.
+    ``eos_token_ids`` (with ``pad_token_id``) replace the tokenizer's and checkpoint's EOS ids; with no tokenizer given
+    the engine then starts without one (``skip_tokenizer_init``). ``host_weights``: the weights the checkpoint holds,
+    kept as the host copy instead of being read back from it (`from_module`).
 
     On CPU hosts the in-process engine changes its process: vLLM seeds the global RNGs with ``seed``, sets torch to
     one intra-op thread (unless ``OMP_NUM_THREADS`` is set) and makes ``torch.set_num_threads`` a no-op. Give the
     backend a process of its own (a producer actor) rather than sharing one with training.
     """
 
-    def __init__(self, model_path: str, sampling: SamplingConfig, tokenizer=None, dtype="float32", seed: int = 0,
-                 **llm_kwargs):
+    def __init__(self, model_path: str, sampling: SamplingConfig, tokenizer=None, dtype="float32", seed: int = 0, *,
+                 eos_token_ids: Optional[Sequence[int]] = None, pad_token_id: Optional[int] = None,
+                 host_weights: Optional[Dict[str, torch.Tensor]] = None, **llm_kwargs):
         from transformers import AutoConfig
 
         self.sampling = sampling
@@ -93,16 +98,16 @@ class VLLMBackend:
 
         self.vllm_version = Version(vllm.__version__)
         config = AutoConfig.from_pretrained(str(model_path))
-        self.tokenizer = resolve_tokenizer(tokenizer, model_path)
-        self._eos_ids = checkpoint_eos_ids(model_path, self.tokenizer, config)
-        self.pad_token_id = pad_id_of(self.tokenizer, self._eos_ids)
-        self.eos_token_id: Optional[int] = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None \
-            else (self._eos_ids[0] if self._eos_ids else None)
+        self.tokenizer, self._eos_ids, self.pad_token_id, self.eos_token_id = special_token_ids(
+            model_path, tokenizer, config, eos_token_ids, pad_token_id)
         self._vocab_size = config.vocab_size
         kwargs = dict(model=str(model_path), dtype=dtype, seed=seed, disable_log_stats=True,
-                      tokenizer=str(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else str(model_path),
                       max_model_len=min(DEFAULT_MAX_MODEL_LEN,
                                         getattr(config, "max_position_embeddings", DEFAULT_MAX_MODEL_LEN)))
+        if self.tokenizer is None:  # token ids in, token ids out (prompts and stop ids are ids, detokenize=False)
+            kwargs["skip_tokenizer_init"] = True
+        else:
+            kwargs["tokenizer"] = str(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else str(model_path)
         if "logprobs_mode" in {f.name for f in dataclasses.fields(vllm.EngineArgs)}:
             kwargs["logprobs_mode"] = mode
         else:
@@ -116,13 +121,33 @@ class VLLMBackend:
         self.start_seconds = time.perf_counter() - start
         model_config = self.llm.llm_engine.model_config
         self.max_model_len = model_config.max_model_len
-        self._host_weights = self._read_host_weights(model_path, model_config.dtype)
+        if host_weights is None:
+            self._host_weights = self._read_host_weights(model_path, model_config.dtype)
+        else:  # the weights the checkpoint was written from, kept as given where already on the host in this dtype
+            self._host_weights = {k: v.detach().to("cpu", model_config.dtype) for k, v in host_weights.items()}
         self._shapes = {k: v.shape for k, v in self._host_weights.items()}
-        self._adopted = False  # whether the host copy is a caller's tensors (a whole version, taken as it came)
+        # whether the host copy is a caller's tensors (a whole version, or host_weights, taken as they came)
+        self._adopted = host_weights is not None
         self._seeds = SeedSequence(seed)
         self.last_reload_seconds: Optional[float] = None
         self.weight_version = 0
         logger.info("vLLM %s engine for %s started in %.1f s", self.vllm_version, model_path, self.start_seconds)
+
+    @classmethod
+    def from_module(cls, model: torch.nn.Module, sampling: SamplingConfig, weights: Dict[str, torch.Tensor], *,
+                    eos_token_ids: Sequence[int], pad_token_id: Optional[int] = None, **kwargs) -> "VLLMBackend":
+        """An engine started from ``model`` held in memory (its config) with ``weights`` (HF name -> tensor: its state
+        dict, LoRA layers folded), without a tokenizer: prompts and responses are token ids, ``eos_token_ids`` ([]
+        for none) stop a response, ``pad_token_id`` (default: the first EOS id) pads. The checkpoint vLLM starts from
+        lives in a temporary directory for the start only; ``weights`` become the host copy (never written in place).
+        ``kwargs`` as for the constructor."""
+        directory = tempfile.mkdtemp(prefix="coati-relay-engine-")
+        try:
+            write_module_checkpoint(model, weights, directory)
+            return cls(directory, sampling, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
+                       host_weights=weights, **kwargs)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
 
     @staticmethod
     def _read_host_weights(model_path: str, dtype: torch.dtype) -> Dict[str, torch.Tensor]:

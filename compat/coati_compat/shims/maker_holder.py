@@ -1,18 +1,18 @@
 """Legacy ``coati.ray.experience_maker_holder.ExperienceMakerHolder``: the experience maker role.
 
-`ExperienceMakerHolderImpl` holds the four legacy models (actor, critic, reward model, initial model) and makes
-experience with the legacy ``NaiveExperienceMaker`` (KL-shaped reward, ``advantage = reward - value``, action mask up
-to and including the first EOS). It sends each item to its trainers round robin (`route_round_robin`, the index
-persisting across batches) and loads the weights the trainers push through the chunked
+`ExperienceMakerHolderImpl` holds the four legacy models and makes experience with the legacy ``NaiveExperienceMaker``
+(KL-shaped reward, ``advantage = reward - value``), sampling on the engine's inference backends
+(`coati_compat.shims.maker_sampler`; the maker's weight version is its backend's). It sends each item to its trainers
+round robin (the index persisting across batches) and loads the weights pushed through the chunked
 ``update_experience_maker`` protocol. `ExperienceMakerHolder` is its Ray actor class.
 
-Deviations (migration_guide/deviations.md): the maker waits until its trainers have taken its items, so a trainer's
-``buffer_limit`` throttles it; ``kl_coef`` reaches the experience maker (the final legacy version passed it as the
-tokenizer); pushed keys that name no weight of the maker's model raise instead of loading nothing; LoRA pushes
-replace the previous delta instead of adding to it; waits for the initial sync notice dead trainers and time out.
+Deviations (migration_guide/deviations.md): the maker waits until its trainers have taken its items; ``kl_coef``
+reaches the experience maker; pushed keys that name no weight raise; LoRA pushes replace the previous delta; waits for
+the initial sync notice dead trainers and time out.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -39,6 +39,7 @@ from coati_compat.shims.remote import (
     legacy_actor_class,
     wait_refs,
 )
+from coati_relay.liveness import LivenessProbe
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +51,7 @@ def route_round_robin(num_items: int, start: int, num_targets: int) -> Tuple[Lis
     start)."""
     if num_targets < 1:
         raise ValueError(f"route_round_robin needs at least one target, got {num_targets}")
-    groups: List[List[int]] = [[] for _ in range(num_targets)]
-    for k in range(num_items):
-        groups[(start + k) % num_targets].append(k)
+    groups = [list(range((t - start) % num_targets, num_items, num_targets)) for t in range(num_targets)]
     return groups, (start + num_items) % num_targets
 
 
@@ -118,6 +117,8 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
         if self.sampler_kind != "legacy":
             self._sampler = EngineSampler(self.sampler_kind, seed=torch.initial_seed() % 2 ** 31)
             self.experience_maker.sample_fn = self._sample_with_engine
+        self._version = 0  # completed weight pushes while no engine backend holds the version (then: its own)
+        self._liveness: Optional[LivenessProbe] = None
         self._model_visit_lock = threading.Lock()  # held by one generation or one shard load at a time
         self._pushes = threading.Condition()  # guards _open_pushes; generation starts only when it is 0
         self._open_pushes = 0
@@ -128,7 +129,6 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
             self.actor_lora_constructor = LoRAConstructor()
             self.critic_lora_constructor = LoRAConstructor()
         self._target_idx = 0
-        self.weight_version = 0  # completed weight pushes (chunk_end calls)
         if debug:
             enable_debug_logging(logger)
         logger.debug("[maker] sampler: %s", self.sampler_kind)
@@ -144,9 +144,9 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
         return self.strategy.unwrap_model(self.experience_maker.actor)
 
     def _sample_with_engine(self, input_ids: torch.Tensor, return_action_mask: bool = True, **kwargs: Any):
-        """``Actor.generate`` on the engine sampler, with the weights of the last completed push."""
-        return self._sampler.generate(self._actor_model(), self.weight_version, input_ids, return_action_mask,
-                                      **kwargs)
+        """``Actor.generate`` on the engine backend (started on the actor at the first call)."""
+        self._sampler.start(self._actor_model(), self._version)  # at the pushes counted so far
+        return self._sampler.generate(self._actor_model(), input_ids, return_action_mask, **kwargs)
 
     # -- trainers ------------------------------------------------------------------------------------------------
     def update_target_trainer_list(self) -> None:
@@ -154,16 +154,10 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
             self.target_trainer_list = [get_named_actor(n, "trainer") for n in self.target_trainer_name_list]
 
     def _trainers_alive(self) -> bool:
-        """False when every target trainer has died (a trainer that does not answer at once counts as alive)."""
-        refs = [t.__ray_ready__.remote() for t in self.target_trainer_list]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=1.0)
-        dead = 0
-        for ref in ready:
-            try:
-                ray.get(ref, timeout=1.0)
-            except ray.exceptions.RayActorError:
-                dead += 1
-        return dead < len(refs)
+        """False once every target trainer has died (the engine's liveness probe, kept across calls)."""
+        if self._liveness is None:
+            self._liveness = LivenessProbe(dict(zip(self.target_trainer_name_list, self.target_trainer_list)))
+        return len(self._liveness.dead()) < len(self._liveness.names())
 
     def _call_trainers(self, method: str, *args: Any) -> None:
         if not in_ray_actor():
@@ -197,32 +191,33 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
         """Makes experience from ``dataloader_fn()`` (built here): ``num_steps`` batches cycling the loader when
         ``num_steps > 0``, else ``num_epochs`` passes."""
         self._get_ready()
-        self._on_loop_start()
+        self._notify("on_loop_start")
         dataloader = dataloader_fn()
         registered = in_ray_actor()
         if registered:
             self._call_trainers("buffer_register_producer", *self._producer_identity())
         try:
-            if num_steps > 0:
-                iterator = iter(dataloader)
-                for _ in range(num_steps):
-                    try:
-                        batch = next(iterator)
-                    except StopIteration:
-                        iterator = iter(dataloader)
-                        batch = next(iterator, None)
-                        if batch is None:
-                            raise ValueError("the dataloader built by dataloader_fn() yields no batch; give it at "
-                                             "least one (check batch_size against the dataset and drop_last)")
-                    self._inference_step(batch)
-            else:
-                for _ in range(num_epochs):
-                    for batch in dataloader:
-                        self._inference_step(batch)
-            self._on_loop_end()
+            for batch in self._batches(dataloader, num_epochs, num_steps):
+                self._inference_step(batch)
+            self._notify("on_loop_end")
         finally:
             if registered:
                 self._call_trainers("buffer_producer_finished", self._producer_identity()[0])
+
+    @staticmethod
+    def _batches(dataloader: Iterable, num_epochs: int, num_steps: int) -> Iterator[Any]:
+        """``num_steps`` batches cycling ``dataloader`` when ``num_steps > 0``, else ``num_epochs`` passes."""
+        steps = 0
+        for _ in itertools.count() if num_steps > 0 else range(num_epochs):
+            before = steps
+            for batch in dataloader:
+                yield batch
+                steps += 1
+                if steps == num_steps:
+                    return
+            if num_steps > 0 and steps == before:
+                raise ValueError("the dataloader built by dataloader_fn() yields no batch; give it at least one "
+                                 "(check batch_size against the dataset and drop_last)")
 
     def _make_experience(self, inputs: Any) -> Experience:
         if isinstance(inputs, torch.Tensor):
@@ -233,21 +228,21 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
                          f"{type(inputs).__name__}")
 
     def _inference_step(self, batch: Any) -> None:
-        self._on_batch_start()
+        self._notify("on_batch_start")
         with self._pushes:
             if not self._pushes.wait_for(lambda: self._open_pushes == 0, timeout=self.wait_timeout_s):
                 raise TimeoutError(f"a weight push stayed open (chunk_start without chunk_end) for "
                                    f"{self.wait_timeout_s:.0f}s; a trainer died mid-push?")
         with self._locked_model():  # a push opened since then waits for this generation, as legacy chunk_start did
-            self._on_make_experience_start()
+            self._notify("on_make_experience_start")
             experience = self._make_experience(batch)
-            self._on_make_experience_end(experience)
-        self._on_send_start()
+            self._notify("on_make_experience_end", experience)
+        self._notify("on_send_start")
         if self.buffer_cpu_offload:
             experience.to_device("cpu")
         self._send_items(experience)
-        self._on_send_end()
-        self._on_batch_end()
+        self._notify("on_send_end")
+        self._notify("on_batch_end")
 
     def _send_items(self, experience: Experience) -> None:
         """Each item to the next trainer round robin; waits until the trainers have taken them."""
@@ -294,16 +289,18 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
         finally:
             self._model_visit_lock.release()
 
-    def _load_pushed(self, new_actor_state_dict, new_actor_lora_config_dict, new_critic_state_dict,
-                     new_critic_lora_config_dict, lora: bool) -> None:
-        if new_actor_state_dict is not None:
-            actor = self.strategy.unwrap_model(self.experience_maker.actor)  # HF model: HF keys
-            self._load(actor, new_actor_state_dict, new_actor_lora_config_dict, lora, "actor",
-                       getattr(self, "actor_lora_constructor", None))
-        if new_critic_state_dict is not None:
-            critic = self.strategy.unwrap_model(self.experience_maker.critic)  # Critic keys
-            self._load(critic, new_critic_state_dict, new_critic_lora_config_dict, lora, "critic",
-                       getattr(self, "critic_lora_constructor", None))
+    def _load_pushed(self, actor_state_dict, actor_lora_configs, critic_state_dict, critic_lora_configs,
+                     lora: bool) -> None:
+        """The actor's shard (HF keys: into its HF model, and what it changed into a started vLLM engine) and the
+        critic's (Critic keys)."""
+        for what, state_dict, configs in (("actor", actor_state_dict, actor_lora_configs),
+                                          ("critic", critic_state_dict, critic_lora_configs)):
+            if state_dict is not None:
+                module = self.strategy.unwrap_model(getattr(self.experience_maker, what))
+                names = self._load(module, state_dict, configs, lora, what, getattr(self, f"{what}_lora_constructor",
+                                                                                    None))
+                if what == "actor" and self._sampler is not None:
+                    self._sampler.load(module, names)
 
     def _end_push(self, fully_update: bool) -> None:
         with self._pushes:
@@ -314,7 +311,11 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
                 tracemalloc.stop()
                 logger.debug("[maker] weight update memory: current %.1f MB, peak %.1f MB", current / 2**20,
                              peak / 2**20)
-            self.weight_version += 1
+            backend = self._backend()
+            if backend is None:
+                self._version += 1
+            else:
+                backend.weight_version += 1
             if fully_update:
                 self._is_fully_initialized = True
             self._open_pushes -= 1
@@ -322,53 +323,32 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
 
     @staticmethod
     def _load(module: torch.nn.Module, state_dict: Dict[str, torch.Tensor], lora_config: Optional[Dict[str, Any]],
-              lora: bool, what: str, constructor: Optional[LoRAConstructor]) -> None:
+              lora: bool, what: str, constructor: Optional[LoRAConstructor]) -> Iterable[str]:
+        """Loads a pushed shard into ``module``; returns the names of the weights it wrote."""
         if not lora:
             load_pushed_state(module, state_dict, what)
-            return
+            return state_dict.keys()
         device = next(module.parameters()).device
         state_dict = {k: v.to(device) for k, v in state_dict.items()}
         increase = constructor.reconstruct_increase(state_dict, lora_config)
         constructor.load_state_dict_increase(module, increase)
         logger.debug("[maker] LoRA push: %d %s weights rebuilt from their adapters", len(increase), what)
+        return increase.keys()
 
     # -- non-legacy ----------------------------------------------------------------------------------------------
     def get_weight_version(self) -> int:
-        """Completed weight pushes received so far."""
-        return self.weight_version
+        """Completed weight pushes received so far: the version of the engine backend that samples (counted here
+        before it starts, and with the legacy loop)."""
+        backend = self._backend()
+        return self._version if backend is None else backend.weight_version
+
+    def _backend(self) -> Any:
+        return self._sampler.backend if self._sampler is not None else None
 
     # -- callbacks -----------------------------------------------------------------------------------------------
-    def _on_loop_start(self) -> None:
+    def _notify(self, hook: str, *args: Any) -> None:
+        """Calls ``hook`` (a `MakerCallback` method name) on every callback, in order."""
         for cb in self.callbacks:
-            cb.on_loop_start()
-
-    def _on_loop_end(self) -> None:
-        for cb in self.callbacks:
-            cb.on_loop_end()
-
-    def _on_make_experience_start(self) -> None:
-        for cb in self.callbacks:
-            cb.on_make_experience_start()
-
-    def _on_make_experience_end(self, experience: Experience) -> None:
-        for cb in self.callbacks:
-            cb.on_make_experience_end(experience)
-
-    def _on_send_start(self) -> None:
-        for cb in self.callbacks:
-            cb.on_send_start()
-
-    def _on_send_end(self) -> None:
-        for cb in self.callbacks:
-            cb.on_send_end()
-
-    def _on_batch_start(self) -> None:
-        for cb in self.callbacks:
-            cb.on_batch_start()
-
-    def _on_batch_end(self) -> None:
-        for cb in self.callbacks:
-            cb.on_batch_end()
-
+            getattr(cb, hook)(*args)
 
 ExperienceMakerHolder = legacy_actor_class(ExperienceMakerHolderImpl, MAKER_CONCURRENCY_GROUPS)
