@@ -190,38 +190,26 @@ def run(cfg: RunConfig) -> RunResult:
 class _Supervisor:
     """Waits on actor calls with timeouts, and turns a dead actor into a `RunFailed` that names it.
 
-    Besides the roles' calls it holds a pending ``watch`` call of each service actor (the queue, the weight store):
-    Ray fails that reference when the actor dies, so a dead service is named as the cause, not the role that
-    tripped over it. ``counters`` holds the queue's counters as of the last poll (every second).
+    Besides the roles' calls it probes the service actors (the queue, the weight store) through their pending
+    ``watch`` calls (`coati_relay.liveness.LivenessProbe`): Ray fails such a call when its actor dies, so a dead
+    service is named as the cause, not the role that tripped over it. ``counters`` holds the queue's counters as of
+    the last poll (every second).
     """
 
     def __init__(self, cfg: RunConfig, queue, names: Dict[Any, str], services: Dict[Any, str]):
+        from coati_relay.liveness import LivenessProbe
+
         self.cfg = cfg
         self.queue = queue
         self.names = names
-        self.services = {name: actor for actor, name in services.items()}
-        self.watch = {actor.watch.remote(): name for actor, name in services.items()}
+        self.services = LivenessProbe({name: actor for actor, name in services.items()}, method="watch")
         self.counters: Dict[str, Any] = {}
         self.seen = 0
 
     def _dead_service(self, timeout_s: float = 0.0) -> Optional[str]:
         """'the weight store actor died (...)' when a service actor is gone, else None."""
-        import ray
-
-        ready, _ = ray.wait(list(self.watch), num_returns=len(self.watch), timeout=timeout_s)
-        for ref in ready:
-            name = self.watch[ref]
-            try:
-                ray.get(ref)
-            except ray.exceptions.ActorUnavailableError as exc:  # a transient RPC failure (a node left): watch again
-                log.warning("the %s actor was briefly unreachable (%s); watching it again", name, _short(exc, 200))
-                del self.watch[ref]
-                self.watch[self.services[name].watch.remote()] = name
-                continue
-            except Exception as exc:
-                return f"the {name} actor died ({_short(exc, 300)})"
-            return f"the {name} actor stopped watching"
-        return None
+        dead = sorted(self.services.dead(timeout_s))
+        return f"the {dead[0]} actor died ({_short(self.services.causes[dead[0]], 300)})" if dead else None
 
     def _fail(self, message: str, dead: Optional[str] = None) -> None:
         import ray
@@ -255,8 +243,8 @@ class _Supervisor:
         """The first finished call of ``pending`` within ``timeout_s`` (None if none); fails on a dead service."""
         import ray
 
-        ready, _ = ray.wait(list(pending) + list(self.watch), num_returns=1, timeout=timeout_s)
-        if ready and ready[0] in self.watch:
+        ready, _ = ray.wait(list(pending) + self.services.pending(), num_returns=1, timeout=timeout_s)
+        if ready and ready[0] not in pending:  # a service's watch call ended
             dead = self._dead_service()
             if dead:
                 self._fail(dead)
