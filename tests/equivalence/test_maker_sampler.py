@@ -190,28 +190,28 @@ def test_transformers_maker_holds_one_copy_of_the_actor(monkeypatch):
     assert torch.equal(after, legacy_greedy(maker, PUSH_PROMPTS)) and not torch.equal(after, first.sequences)
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full-push", "lora-push"])
-def test_vllm_maker_samples_from_the_pushed_weights(lora):
-    """After a push, vLLM samples from the pushed weights (full shards: the tensors; LoRA pushes: the folded weights
-    of the touched layers): with top_k=1 its sequences are the legacy loop's on the pushed torch actor."""
+@pytest.mark.parametrize("kind", ["full", "lora", "full-into-lora-actor"])
+def test_vllm_maker_samples_from_the_pushed_weights(kind):
+    """After a push, vLLM samples from the pushed weights (the pushed tensors; for LoRA pushes and LoRA layers the
+    folded weights of the touched layers): with top_k=1 its sequences are the legacy loop's on the pushed actor."""
     from coati_compat.legacy.lora import LoRAConstructor
 
-    maker = llama_maker("vllm", lora_rank=4 if lora else 0, update_lora_weights=lora)
+    maker = llama_maker("vllm", lora_rank=0 if kind == "full" else 4, update_lora_weights=kind == "lora")
     try:
         before = maker._make_experience(PUSH_PROMPTS).sequences  # starts the engine on the initial weights
         assert torch.equal(before, legacy_greedy(maker, PUSH_PROMPTS))
         actor = maker._actor_model()
         torch.manual_seed(7)
-        if lora:
-            names = [n for n, _ in LoRAConstructor.extract_lora_config(actor).items()][:4]
+        if kind == "lora":
+            configs = LoRAConstructor.extract_lora_config(actor)
             sd = {}
-            for n in names:
+            for n in list(configs)[:4]:
                 layer = actor.get_submodule(n)
                 sd[f"{n}.lora_A"] = torch.randn_like(layer.lora_A)
                 sd[f"{n}.lora_B"] = torch.randn_like(layer.lora_B) * 0.5
-            push(maker, new_actor_state_dict=sd, new_actor_lora_config_dict=LoRAConstructor.extract_lora_config(actor))
-        else:
-            push(maker, new_actor_state_dict=type(actor)(actor.config).state_dict())
+            push(maker, new_actor_state_dict=sd, new_actor_lora_config_dict=configs)
+        else:  # every weight, LoRA adapters (made non-zero) included where the actor has them
+            push(maker, new_actor_state_dict={k: v + 0.5 * torch.randn_like(v) for k, v in actor.state_dict().items()})
         after = maker._make_experience(PUSH_PROMPTS).sequences
         assert maker.get_weight_version() == maker._sampler.backend.weight_version == 1
         assert not torch.equal(after, before), "the push changed the greedy continuation"
