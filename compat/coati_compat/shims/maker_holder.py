@@ -59,27 +59,25 @@ def load_pushed_state(module: torch.nn.Module, state_dict: Dict[str, torch.Tenso
     """``load_state_dict(strict=False)`` that raises when no pushed key names a weight of ``module`` (the legacy
     load silently did nothing) and warns about the keys it skips (LoRA keys on a model without LoRA layers too)."""
     own = module.state_dict()
-    skipped = [k for k in state_dict if k not in own]
-    dense_skipped = [k for k in skipped if "lora_A" not in k and "lora_B" not in k]
     dense = [k for k in state_dict if "lora_A" not in k and "lora_B" not in k]
+    dense_skipped = [k for k in dense if k not in own]
     if dense and len(dense_skipped) == len(dense):
         raise ValueError(f"none of the {len(dense)} pushed {what} keys names a weight of the maker's {what} "
                          f"(pushed {dense_skipped[:3]}, the maker has {list(own)[:3]}); actor keys must be Hugging "
                          "Face model keys and critic keys Critic keys (model.*, value_head.*)")
     if dense_skipped:
         logger.warning("the maker's %s has no weights %s; they are not loaded", what, dense_skipped[:8])
-    if not dense and skipped:
+    if not dense and any(k not in own for k in state_dict):
         logger.warning("the maker's %s has no LoRA layers for the %d pushed LoRA tensors; build the trainer and "
-                       "the maker with update_lora_weights=True to apply them", what, len(skipped))
+                       "the maker with update_lora_weights=True to apply them", what, len(state_dict))
     module.load_state_dict({k: v for k, v in state_dict.items() if k in own}, strict=False)
 
 
 class ExperienceMakerHolderImpl(LegacyActorBase):
     """The legacy maker (legacy_spec §A.5). Non-legacy keywords: ``wait_timeout_s`` bounds the wait for the initial
-    sync and for the trainers to take the items; ``sampler`` picks what samples: ``"auto"`` (the default,
-    unless ``$COATI_RELAY_MAKER_SAMPLER`` names another: vLLM where it runs the actor's architecture, transformers
-    otherwise), ``"vllm"``, ``"transformers"``, or ``"legacy"``, the legacy token-by-token loop
-    (`coati_compat.shims.maker_sampler`). Every other unknown keyword becomes a generate keyword."""
+    sync and for the trainers to take the items; ``sampler`` picks what samples: ``"auto"`` (the default, unless
+    ``$COATI_RELAY_MAKER_SAMPLER`` names another: vLLM where it runs the actor's architecture, else transformers),
+    ``"vllm"``, ``"transformers"``, or ``"legacy"``, the legacy token-by-token loop. Other keywords go to generate."""
 
     _legacy_name = "coati.ray.experience_maker_holder.ExperienceMakerHolder"
 
@@ -94,23 +92,18 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
         if isinstance(detached_trainer_name_list, str) or not detached_trainer_name_list:
             raise ValueError("detached_trainer_name_list must be a non-empty list of trainer names, got "
                              f"{detached_trainer_name_list!r}")
-        self.target_trainer_name_list = list(detached_trainer_name_list)
-        self.target_trainer_list: List[Any] = []
+        self.target_trainer_name_list, self.target_trainer_list = list(detached_trainer_name_list), []
         self.strategy = strategy_fn()
-        self.buffer_cpu_offload = buffer_cpu_offload
-        self.kl_coef = kl_coef
-        self.wait_timeout_s = float(wait_timeout_s)
+        self.buffer_cpu_offload, self.kl_coef, self.wait_timeout_s = buffer_cpu_offload, kl_coef, float(wait_timeout_s)
         with self.strategy.model_init_context():
             actor, critic, reward_model, initial_model = model_fn()
         self.generate_kwargs = self._set_default_generate_kwargs(generate_kwargs, actor)
         self.callbacks: List[MakerCallback] = list(callbacks or [])
         if eval_performance:
-            self.callbacks.append(ExperienceMakerPerformanceEvaluator(
-                get_model_numel(actor), get_model_numel(critic), get_model_numel(initial_model),
-                get_model_numel(reward_model)))
-        actor, critic, reward_model, initial_model = self.strategy.prepare(actor, critic, reward_model,
-                                                                           initial_model)
-        self.experience_maker = NaiveExperienceMaker(actor, critic, reward_model, initial_model, kl_coef=kl_coef)
+            self.callbacks.append(ExperienceMakerPerformanceEvaluator(*map(get_model_numel, (
+                actor, critic, initial_model, reward_model))))
+        models = self.strategy.prepare(actor, critic, reward_model, initial_model)
+        self.experience_maker = NaiveExperienceMaker(*models, kl_coef=kl_coef)
         self.callbacks += maker_callbacks(self.experience_maker)  # compare's recorder, off unless it runs
         self.sampler_kind = resolve_sampler(sampler or default_sampler(), self._actor_model())
         self._sampler: Optional[EngineSampler] = None
@@ -121,14 +114,11 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
         self._liveness: Optional[LivenessProbe] = None
         self._model_visit_lock = threading.Lock()  # held by one generation or one shard load at a time
         self._pushes = threading.Condition()  # guards _open_pushes; generation starts only when it is 0
-        self._open_pushes = 0
+        self._open_pushes, self._target_idx, self._debug = 0, 0, debug
         self._is_fully_initialized = not sync_models_from_trainers
-        self._debug = debug
         self._update_lora_weights = update_lora_weights
         if update_lora_weights:
-            self.actor_lora_constructor = LoRAConstructor()
-            self.critic_lora_constructor = LoRAConstructor()
-        self._target_idx = 0
+            self.actor_lora_constructor, self.critic_lora_constructor = LoRAConstructor(), LoRAConstructor()
         if debug:
             enable_debug_logging(logger)
         logger.debug("[maker] sampler: %s", self.sampler_kind)
@@ -144,9 +134,12 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
         return self.strategy.unwrap_model(self.experience_maker.actor)
 
     def _sample_with_engine(self, input_ids: torch.Tensor, return_action_mask: bool = True, **kwargs: Any):
-        """``Actor.generate`` on the engine backend (started on the actor at the first call)."""
-        self._sampler.start(self._actor_model(), self._version)  # at the pushes counted so far
+        """``Actor.generate`` on the engine backend, started on the actor (at the pushes counted so far) at first."""
+        self._sampler.start(self._actor_model(), self._version)
         return self._sampler.generate(self._actor_model(), input_ids, return_action_mask, **kwargs)
+
+    def _backend(self) -> Any:
+        return self._sampler.backend if self._sampler is not None else None
 
     # -- trainers ------------------------------------------------------------------------------------------------
     def update_target_trainer_list(self) -> None:
@@ -160,11 +153,10 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
         return len(self._liveness.dead()) < len(self._liveness.names())
 
     def _call_trainers(self, method: str, *args: Any) -> None:
-        if not in_ray_actor():
-            return
-        self.update_target_trainer_list()
-        refs = [getattr(t, method).remote(*args) for t in self.target_trainer_list]
-        wait_refs(refs, 60.0, f"{method} on the trainers")
+        if in_ray_actor():
+            self.update_target_trainer_list()
+            wait_refs([getattr(t, method).remote(*args) for t in self.target_trainer_list], 60.0,
+                      f"{method} on the trainers")
 
     def _producer_identity(self) -> Tuple[str, Any]:
         ctx = ray.get_runtime_context()
@@ -192,8 +184,7 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
         ``num_steps > 0``, else ``num_epochs`` passes."""
         self._get_ready()
         self._notify("on_loop_start")
-        dataloader = dataloader_fn()
-        registered = in_ray_actor()
+        dataloader, registered = dataloader_fn(), in_ray_actor()
         if registered:
             self._call_trainers("buffer_register_producer", *self._producer_identity())
         try:
@@ -206,7 +197,6 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
 
     @staticmethod
     def _batches(dataloader: Iterable, num_epochs: int, num_steps: int) -> Iterator[Any]:
-        """``num_steps`` batches cycling ``dataloader`` when ``num_steps > 0``, else ``num_epochs`` passes."""
         steps = 0
         for _ in itertools.count() if num_steps > 0 else range(num_epochs):
             before = steps
@@ -220,12 +210,11 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
                                  "(check batch_size against the dataset and drop_last)")
 
     def _make_experience(self, inputs: Any) -> Experience:
-        if isinstance(inputs, torch.Tensor):
-            return self.experience_maker.make_experience(inputs, **self.generate_kwargs)
-        if isinstance(inputs, dict):
-            return self.experience_maker.make_experience(**inputs, **self.generate_kwargs)
-        raise ValueError(f"a dataloader batch must be a Tensor of input ids or a dict of model inputs, got "
-                         f"{type(inputs).__name__}")
+        if not isinstance(inputs, (torch.Tensor, dict)):
+            raise ValueError(f"a dataloader batch must be a Tensor of input ids or a dict of model inputs, got "
+                             f"{type(inputs).__name__}")
+        inputs = {"input_ids": inputs} if isinstance(inputs, torch.Tensor) else inputs
+        return self.experience_maker.make_experience(**inputs, **self.generate_kwargs)
 
     def _inference_step(self, batch: Any) -> None:
         self._notify("on_batch_start")
@@ -267,15 +256,16 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
         has ended) and waits for a generation in flight, payload calls load actor and critic shards, ``chunk_end``
         closes the push (and ends a full initial sync). Pushes of several trainers may overlap (legacy: one lock
         held from start to end, which deadlocked two trainers pushing to one maker)."""
-        lora = self._update_lora_weights and not fully_update
         with self._locked_model():  # lock, then condition (generation takes them one after the other)
             if chunk_start:
                 with self._pushes:
                     self._open_pushes += 1
                 if self._debug:
                     tracemalloc.start()
-            self._load_pushed(new_actor_state_dict, new_actor_lora_config_dict, new_critic_state_dict,
-                              new_critic_lora_config_dict, lora)
+            for what, state_dict, configs in (("actor", new_actor_state_dict, new_actor_lora_config_dict),
+                                              ("critic", new_critic_state_dict, new_critic_lora_config_dict)):
+                if state_dict is not None:
+                    self._load(what, state_dict, configs, self._update_lora_weights and not fully_update)
         if chunk_end:
             self._end_push(fully_update)
 
@@ -289,18 +279,22 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
         finally:
             self._model_visit_lock.release()
 
-    def _load_pushed(self, actor_state_dict, actor_lora_configs, critic_state_dict, critic_lora_configs,
-                     lora: bool) -> None:
-        """The actor's shard (HF keys: into its HF model, and what it changed into a started vLLM engine) and the
-        critic's (Critic keys)."""
-        for what, state_dict, configs in (("actor", actor_state_dict, actor_lora_configs),
-                                          ("critic", critic_state_dict, critic_lora_configs)):
-            if state_dict is not None:
-                module = self.strategy.unwrap_model(getattr(self.experience_maker, what))
-                names = self._load(module, state_dict, configs, lora, what, getattr(self, f"{what}_lora_constructor",
-                                                                                    None))
-                if what == "actor" and self._sampler is not None:
-                    self._sampler.load(module, names)
+    def _load(self, what: str, state_dict: Dict[str, torch.Tensor], lora_configs: Optional[Dict[str, Any]],
+              lora: bool) -> None:
+        """A pushed shard into the actor's HF model (HF keys; what it changed also into a started vLLM engine) or
+        into the critic (Critic keys); a LoRA push as each layer's ``W0 + delta``."""
+        module = self.strategy.unwrap_model(getattr(self.experience_maker, what))
+        if lora:
+            constructor: LoRAConstructor = getattr(self, f"{what}_lora_constructor")
+            device = next(module.parameters()).device
+            state_dict = constructor.reconstruct_increase({k: v.to(device) for k, v in state_dict.items()},
+                                                          lora_configs)
+            constructor.load_state_dict_increase(module, state_dict)
+            logger.debug("[maker] LoRA push: %d %s weights rebuilt from their adapters", len(state_dict), what)
+        else:
+            load_pushed_state(module, state_dict, what)
+        if what == "actor" and self._sampler is not None:
+            self._sampler.load(module, state_dict.keys())
 
     def _end_push(self, fully_update: bool) -> None:
         with self._pushes:
@@ -311,44 +305,24 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
                 tracemalloc.stop()
                 logger.debug("[maker] weight update memory: current %.1f MB, peak %.1f MB", current / 2**20,
                              peak / 2**20)
-            backend = self._backend()
-            if backend is None:
+            if self._backend() is None:
                 self._version += 1
             else:
-                backend.weight_version += 1
-            if fully_update:
-                self._is_fully_initialized = True
+                self._backend().weight_version += 1
+            self._is_fully_initialized = self._is_fully_initialized or fully_update
             self._open_pushes -= 1
             self._pushes.notify_all()
-
-    @staticmethod
-    def _load(module: torch.nn.Module, state_dict: Dict[str, torch.Tensor], lora_config: Optional[Dict[str, Any]],
-              lora: bool, what: str, constructor: Optional[LoRAConstructor]) -> Iterable[str]:
-        """Loads a pushed shard into ``module``; returns the names of the weights it wrote."""
-        if not lora:
-            load_pushed_state(module, state_dict, what)
-            return state_dict.keys()
-        device = next(module.parameters()).device
-        state_dict = {k: v.to(device) for k, v in state_dict.items()}
-        increase = constructor.reconstruct_increase(state_dict, lora_config)
-        constructor.load_state_dict_increase(module, increase)
-        logger.debug("[maker] LoRA push: %d %s weights rebuilt from their adapters", len(increase), what)
-        return increase.keys()
 
     # -- non-legacy ----------------------------------------------------------------------------------------------
     def get_weight_version(self) -> int:
         """Completed weight pushes received so far: the version of the engine backend that samples (counted here
         before it starts, and with the legacy loop)."""
-        backend = self._backend()
-        return self._version if backend is None else backend.weight_version
+        return self._version if self._backend() is None else self._backend().weight_version
 
-    def _backend(self) -> Any:
-        return self._sampler.backend if self._sampler is not None else None
-
-    # -- callbacks -----------------------------------------------------------------------------------------------
     def _notify(self, hook: str, *args: Any) -> None:
         """Calls ``hook`` (a `MakerCallback` method name) on every callback, in order."""
         for cb in self.callbacks:
             getattr(cb, hook)(*args)
+
 
 ExperienceMakerHolder = legacy_actor_class(ExperienceMakerHolderImpl, MAKER_CONCURRENCY_GROUPS)
