@@ -69,7 +69,10 @@ class BufferItem:
 
 @deprecated_api("coati.experience_buffer.utils.split_experience_batch")
 def split_experience_batch(experience: Experience) -> List[BufferItem]:
-    """One ``BufferItem`` per sample (``torch.unbind`` along dim 0); a None field is None in every item."""
+    """One ``BufferItem`` per sample (the rows along dim 0); a None field is None in every item.
+
+    Each row is copied into a storage of its own (the legacy ``torch.unbind`` gave views): a view pickles its whole
+    batch's storage, so the items of one ``buffer_extend`` call carried the batch once per item to the trainer."""
     batch_size = experience.sequences.size(0)
     columns = {}
     for key in KEYS:
@@ -77,7 +80,7 @@ def split_experience_batch(experience: Experience) -> List[BufferItem]:
         if value is None:
             columns[key] = [None] * batch_size
             continue
-        columns[key] = torch.unbind(value)
+        columns[key] = [row.clone() for row in torch.unbind(value)]
         if len(columns[key]) != batch_size:
             raise ValueError(f"Experience.{key} has {len(columns[key])} rows, sequences has {batch_size}; every "
                              "field must have the batch size as its first dimension")

@@ -41,3 +41,16 @@ def test_extend_to_sample_makes_no_actor_and_no_object_store_trip(ray_cluster, m
     buf.clear()
     assert calls == {"ray.put": 0, "ray.get": 0, "actor started": 0}
     assert buf.counters()["consumed"] == 2
+
+
+def test_an_item_carries_only_its_own_bytes_to_the_trainer():
+    """A maker's items go to the trainer pickled (``buffer_extend``'s arguments): each must hold its own row only."""
+    import pickle
+
+    batch = _batch(range(8))
+    batch.sequences = torch.arange(8 * 4096).reshape(8, 4096)  # 32 KiB a row, 256 KiB the batch
+    items = split_experience_batch(batch)
+    assert torch.equal(torch.stack([it.sequences for it in items]), batch.sequences)
+    row_bytes = 4096 * 8
+    sizes = [len(pickle.dumps(it.sequences)) for it in items]
+    assert max(sizes) < 2 * row_bytes, f"an item's sequences pickle to {max(sizes)} bytes, its row has {row_bytes}"
