@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from coati_relay.seeding import seed_everything
-from coati_relay.training.backend_set import BackendSet, unwrap_boosted
-from coati_relay.training.booster_backend import TrainingBackend
+from coati_relay.training.backend_set import BackendSet
+from coati_relay.training.booster_backend import TrainingBackend, unwrap_boosted
 from coati_relay.training.checkpoint_files import PlainFiles
 from coati_relay.training.master_weights import MasterWeightOptimizer, optimizer_chain
 from coati_relay.training.state_dict_shards import state_dict_shards, sub_state_dict

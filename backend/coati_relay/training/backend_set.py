@@ -1,31 +1,16 @@
 """The training backends of one process, found by what a caller holds: the model or optimizer a `TrainingBackend`
-gave back (or an optimizer inside that one's wrappers), as scripts that keep only those pass them back; and the
-module inside a booster's wrappers."""
+gave back (or an optimizer inside that one's wrappers), as scripts that keep only those pass them back."""
 from __future__ import annotations
 
-import sys
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 import torch
 from torch import nn
 
+from .booster_backend import TrainingBackend, unwrap_boosted
 from .checkpoint_files import PlainFiles
 from .master_weights import optimizer_chain
 from .state_dict_shards import sub_state_dict
-
-if TYPE_CHECKING:
-    from .booster_backend import TrainingBackend
-
-
-def unwrap_boosted(model: nn.Module) -> nn.Module:
-    """The module inside a plugin's wrapper (TorchDDPModel, LowLevelZeroModel, GeminiDDP; a peft model stays one)
-    or inside torch's ``DistributedDataParallel``; else ``model``."""
-    if "colossalai.interface" in sys.modules:  # nothing is wrapped by colossalai before it is imported
-        from colossalai.interface import ModelWrapper
-
-        if isinstance(model, ModelWrapper):
-            return model.unwrap(unwrap_peft=False)
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
 class BackendSet(List["TrainingBackend"]):
@@ -55,8 +40,6 @@ class BackendSet(List["TrainingBackend"]):
                  name: str = "model") -> "TrainingBackend":
         """The backend to train ``model`` with ``optimizer`` (`find`). ``wrap_unknown``: one it holds neither of is
         added around them as they are (no plugin, no master weights); else that is an error."""
-        from .booster_backend import TrainingBackend
-
         backend = self.find(model, optimizer)
         if backend is None and wrap_unknown and model is not None:
             backend = self.add(TrainingBackend.around(model, optimizer, master_weights=False, name=name))

@@ -13,6 +13,7 @@ import importlib.util
 import logging
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Tuple, Union
 
@@ -23,7 +24,6 @@ from torch.optim.lr_scheduler import LambdaLR
 from coati_relay.devices import accelerator_device
 
 from . import checkpoint_files
-from .backend_set import unwrap_boosted
 from .distributed import ensure_single_process_group
 from .finite_checks import check_losses, check_weights
 from .master_weights import find_master_optimizer, with_master_weights
@@ -98,6 +98,17 @@ def _check_args(lr: float, weight_decay: float, betas: Tuple[float, float], max_
                          f"got total_steps={total_steps}")
     if not 0 <= min_lr_ratio <= 1:
         raise ValueError(f"TrainingBackend: min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
+
+
+def unwrap_boosted(model: nn.Module) -> nn.Module:
+    """The module inside a plugin's wrapper (TorchDDPModel, LowLevelZeroModel, GeminiDDP; a peft model stays one)
+    or inside torch's ``DistributedDataParallel``; else ``model``."""
+    if "colossalai.interface" in sys.modules:  # nothing is wrapped by colossalai before it is imported
+        from colossalai.interface import ModelWrapper
+
+        if isinstance(model, ModelWrapper):
+            return model.unwrap(unwrap_peft=False)
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
 def _colossalai_installed() -> bool:
