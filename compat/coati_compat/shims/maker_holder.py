@@ -37,9 +37,9 @@ from coati_compat.shims.remote import (
     get_named_actor,
     in_ray_actor,
     legacy_actor_class,
-    wait_refs,
 )
 from coati_relay.liveness import LivenessProbe
+from coati_relay.waiting import get_within
 
 logger = logging.getLogger(__name__)
 
@@ -155,8 +155,8 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
     def _call_trainers(self, method: str, *args: Any) -> None:
         if in_ray_actor():
             self.update_target_trainer_list()
-            wait_refs([getattr(t, method).remote(*args) for t in self.target_trainer_list], 60.0,
-                      f"{method} on the trainers")
+            get_within([getattr(t, method).remote(*args) for t in self.target_trainer_list], 60.0,
+                       f"{method} on the trainers")
 
     def _producer_identity(self) -> Tuple[str, Any]:
         ctx = ray.get_runtime_context()
@@ -241,7 +241,7 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
         refs = [trainer.buffer_extend.remote([items[k] for k in group])
                 for trainer, group in zip(self.target_trainer_list, groups) if group]
         logger.debug("[maker] sending %d items", len(items))
-        wait_refs(refs, self.wait_timeout_s, "sending experience to the trainers")
+        get_within(refs, self.wait_timeout_s, "sending experience to the trainers")
 
     # -- weights -------------------------------------------------------------------------------------------------
     @ray.method(concurrency_group="model_io")

@@ -23,7 +23,6 @@ import warnings
 from typing import Any, ClassVar, Dict, Tuple
 
 from coati_compat.deprecations import warn_deprecated
-from coati_relay.waiting import get_within as wait_refs  # noqa: F401  (the engine's bounded ray.get)
 
 logger = logging.getLogger(__name__)
 
