@@ -78,15 +78,7 @@ def save_model(booster: Any, model: nn.Module, state_of: nn.Module, path: str, s
     if shard and every_rank:
         raise ValueError("save_model: shard=True writes one sharded directory; every_rank=True a file per rank. "
                          "Pass one of them.")
-    if shard or (booster is not None and not every_rank):
-        checkpoint_io(booster).save_model(model, path, shard=shard, **kwargs)
-        return
-    if kwargs:
-        raise TypeError(f"save_model: {sorted(kwargs)} apply to the booster's checkpoints (shard=True, or one file "
-                        "under a booster); a plain file takes none")
-    state = complete_state_dict(state_of)
-    if every_rank or rank() == 0:
-        save_file(state, path)
+    _save("model", booster, model, state_of, path, shard, every_rank, kwargs)
 
 
 def load_model(booster: Any, model: nn.Module, path: str, strict: bool = True, map_location: Any = None) -> None:
@@ -99,13 +91,20 @@ def load_model(booster: Any, model: nn.Module, path: str, strict: bool = True, m
 
 def save_optimizer(booster: Any, optimizer: Any, path: str, shard: bool = False, every_rank: bool = False,
                    **kwargs: Any) -> None:
+    _save("optimizer", booster, optimizer, optimizer, path, shard, every_rank, kwargs)
+
+
+def _save(what: str, booster: Any, obj: Any, state_of: Any, path: str, shard: bool, every_rank: bool,
+          kwargs: Dict[str, Any]) -> None:
+    """The booster's checkpoint of ``obj`` (sharded, or one file under a booster unless ``every_rank``), else the
+    complete state dict of ``state_of`` in a plain file, written by every rank or by rank 0."""
     if shard or (booster is not None and not every_rank):
-        checkpoint_io(booster).save_optimizer(optimizer, path, shard=shard, **kwargs)
+        getattr(checkpoint_io(booster), f"save_{what}")(obj, path, shard=shard, **kwargs)
         return
     if kwargs:
-        raise TypeError(f"save_optimizer: {sorted(kwargs)} apply to the booster's checkpoints (shard=True); a plain "
-                        "file takes none")
-    state = complete_state_dict(optimizer)
+        raise TypeError(f"save_{what}: {sorted(kwargs)} apply to the booster's checkpoints (shard=True, or one file "
+                        "under a booster); a plain file takes none")
+    state = complete_state_dict(state_of)
     if every_rank or rank() == 0:
         save_file(state, path)
 
