@@ -1,15 +1,16 @@
 """One side of the TRL pair (`test_vs_trl.py`), run as its own process so that its start-up and memory are its own:
 
     python benchmarks/peer_grpo.py {trl|engine} --model DIR --steps N --out RESULT.json [--backend vllm|transformers]
-        [--colocate]
+        [--colocate] [--new-tokens N] [--engine JSON]
 
 Both sides do the same GRPO work: the toy prompts (`coati_relay.toy`, numbered, chat template applied),
-``PROMPTS_PER_STEP`` prompts x ``GENERATIONS`` samples of at most ``NEW_TOKENS`` tokens per step, the ``toy_letter``
-reward, AdamW at ``LR`` with weight decay 0.01, a constant schedule, no gradient clipping, sample-level loss,
-``beta = 0``, one optimizer step per generation round. The result file holds, per step, the wall time, the time spent
-generating, the mean reward, the number of sampled tokens and the number of samples (TRL: the rows it generated and
-the rows its loss took; the engine: the rows the consumer trained on), plus the whole run's time from process
-start.
+``PROMPTS_PER_STEP`` prompts x ``GENERATIONS`` samples of at most ``--new-tokens`` (default ``NEW_TOKENS``) tokens per
+step, the ``toy_letter`` reward, AdamW at ``LR`` with weight decay 0.01, a constant schedule, no gradient clipping,
+sample-level loss, ``beta = 0``, one optimizer step per generation round. The result file holds, per step, the wall
+time, the time spent generating, the time spent training (TRL: the step less generation and scoring, with ``loss_s``,
+its loss forwards, and ``score_s``, its reward calls; the engine: the consumer's ``train_s``, and ``publish_s``, its
+weight hand-off), the mean reward, the number of sampled tokens and the number of samples (TRL: the rows it generated
+and the rows its loss took; the engine: the rows the consumer trained on).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 PROMPTS_PER_STEP = 8
 GENERATIONS = 8
@@ -45,7 +46,7 @@ def _prompts(path: Path, steps: int) -> Path:
     return path
 
 
-def run_trl(model: str, steps: int, work_dir: Path) -> Dict[str, Any]:
+def run_trl(model: str, steps: int, work_dir: Path, new_tokens: int) -> Dict[str, Any]:
     """TRL's ``GRPOTrainer`` on the CPU, generating with ``model.generate`` (TRL's own default without vLLM)."""
     import torch
     from datasets import Dataset
@@ -57,20 +58,25 @@ def run_trl(model: str, steps: int, work_dir: Path) -> Dict[str, Any]:
     rows = [json.loads(line) for line in open(_prompts(work_dir / "prompts.jsonl", steps))]
     data = Dataset.from_list([{"prompt": [r["messages"]], "gt_answer": r["gt_answer"]} for r in rows])
 
-    def toy_letter(completions: List[Any], gt_answer: List[str], **_: Any) -> List[float]:
-        return [letter_fraction(c[0]["content"] if isinstance(c, list) else c, gt) for c, gt in zip(completions,
-                                                                                                  gt_answer)]
-
     steps_out: List[Dict[str, float]] = []
-    gen = {"s": 0.0, "tokens": 0, "rows": 0, "trained_rows": 0}
+    gen = {"s": 0.0, "tokens": 0, "rows": 0, "trained_rows": 0, "score_s": 0.0, "loss_s": 0.0}
+
+    def toy_letter(completions: List[Any], gt_answer: List[str], **_: Any) -> List[float]:
+        t0 = time.perf_counter()
+        out = [letter_fraction(c[0]["content"] if isinstance(c, list) else c, gt) for c, gt in zip(completions,
+                                                                                                 gt_answer)]
+        gen["score_s"] += time.perf_counter() - t0
+        return out
 
     class StepClock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
             self.t0 = time.perf_counter()
-            gen.update(s=0.0, tokens=0, rows=0, trained_rows=0)
+            gen.update(s=0.0, tokens=0, rows=0, trained_rows=0, score_s=0.0, loss_s=0.0)
 
         def on_step_end(self, args, state, control, **kw):
-            steps_out.append({"step_s": time.perf_counter() - self.t0, "generate_s": gen["s"],
+            step_s = time.perf_counter() - self.t0
+            steps_out.append({"step_s": step_s, "generate_s": gen["s"], "score_s": gen["score_s"],
+                              "loss_s": gen["loss_s"], "train_s": step_s - gen["s"] - gen["score_s"],
                               "tokens": gen["tokens"], "samples": gen["rows"], "trained_samples": gen["trained_rows"]})
 
         def on_log(self, args, state, control, logs=None, **kw):
@@ -95,7 +101,7 @@ def run_trl(model: str, steps: int, work_dir: Path) -> Dict[str, Any]:
         output_dir=str(work_dir / "trl"), use_cpu=True, seed=SEED, max_steps=steps, learning_rate=LR,
         lr_scheduler_type="constant", weight_decay=0.01, max_grad_norm=0.0, beta=0.0, loss_type="grpo",
         num_generations=GENERATIONS, per_device_train_batch_size=PROMPTS_PER_STEP * GENERATIONS,
-        max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, logging_steps=1, report_to="none",
+        max_completion_length=new_tokens, temperature=1.0, top_p=1.0, logging_steps=1, report_to="none",
         save_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
     trainer = GRPOTrainer(model=policy, reward_funcs=toy_letter, args=config, train_dataset=data,
                           processing_class=tokenizer, callbacks=[StepClock()])
@@ -103,16 +109,37 @@ def run_trl(model: str, steps: int, work_dir: Path) -> Dict[str, Any]:
 
     def counted_compute_loss(model: Any, inputs: Dict[str, Any], *args: Any, **kwargs: Any):
         gen["trained_rows"] += inputs["completion_ids"].size(0)
-        return compute_loss(model, inputs, *args, **kwargs)
+        t0 = time.perf_counter()
+        loss = compute_loss(model, inputs, *args, **kwargs)
+        gen["loss_s"] += time.perf_counter() - t0
+        return loss
 
     trainer.compute_loss = counted_compute_loss
     trainer.train()
     return {"side": "trl", "steps": steps_out, "params": _moved_and_finite(model, trainer.model)}
 
 
-def run_engine(model: str, steps: int, work_dir: Path, backend: str, colocate: bool) -> Dict[str, Any]:
+def engine_kwargs(model: str, steps: int, work_dir: Path, backend: str, colocate: bool, new_tokens: int,
+                  engine: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The `launch_distributed` keywords of the engine side. engine: extra ``inference_model_config`` keys."""
+    return dict(
+        num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
+        inference_batch_size=PROMPTS_PER_STEP, inference_microbatch_size=PROMPTS_PER_STEP,
+        train_batch_size=PROMPTS_PER_STEP, train_minibatch_size=PROMPTS_PER_STEP,
+        train_dataset_config={"path": str(_prompts(work_dir / "prompts.jsonl", steps)), "max_length": 64},
+        inference_model_config={"path": model, **(engine or {})}, train_model_config={"path": model},
+        generate_config={"max_new_tokens": new_tokens, "temperature": 1.0, "top_p": 1.0}, seed=SEED,
+        grpo_config={"lr": LR, "beta": 0.0, "weight_decay": 0.01, "reward_fn_type": "toy_letter",
+                     "train_microbatch_size": PROMPTS_PER_STEP * GENERATIONS},
+        plugin_config={"plugin": "ddp"}, inference_backend=backend, num_generations=GENERATIONS,
+        core_algo="GRPO", project_name="vs-trl", run_dir=str(work_dir / "engine"), save_interval=10_000,
+        colocate=colocate)
+
+
+def run_engine(model: str, steps: int, work_dir: Path, backend: str, colocate: bool, new_tokens: int,
+               engine: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """`launch_distributed(core_algo="GRPO")`: one producer, one consumer; disaggregated on a local Ray cluster of
-    its own, or colocated in this process (no Ray)."""
+    its own, or colocated in this process (no Ray). engine: extra ``inference_model_config`` keys."""
     from coati_relay.launch import launch_distributed
 
     if not colocate:
@@ -120,22 +147,12 @@ def run_engine(model: str, steps: int, work_dir: Path, backend: str, colocate: b
 
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
-        result = launch_distributed(
-            num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
-            inference_batch_size=PROMPTS_PER_STEP, inference_microbatch_size=PROMPTS_PER_STEP,
-            train_batch_size=PROMPTS_PER_STEP, train_minibatch_size=PROMPTS_PER_STEP,
-            train_dataset_config={"path": str(_prompts(work_dir / "prompts.jsonl", steps)), "max_length": 64},
-            inference_model_config={"path": model}, train_model_config={"path": model},
-            generate_config={"max_new_tokens": NEW_TOKENS, "temperature": 1.0, "top_p": 1.0}, seed=SEED,
-            grpo_config={"lr": LR, "beta": 0.0, "weight_decay": 0.01, "reward_fn_type": "toy_letter",
-                         "train_microbatch_size": PROMPTS_PER_STEP * GENERATIONS},
-            plugin_config={"plugin": "ddp"}, inference_backend=backend, num_generations=GENERATIONS,
-            core_algo="GRPO", project_name="vs-trl", run_dir=str(work_dir / "engine"), save_interval=10_000,
-            colocate=colocate)
+        result = launch_distributed(**engine_kwargs(model, steps, work_dir, backend, colocate, new_tokens, engine))
     finally:
         if not colocate:
             ray.shutdown()
-    out = [{"step_s": h["round_s"], "generate_s": h.get("generate_s", 0.0), "reward": h["reward"],
+    out = [{"step_s": h["round_s"], "generate_s": h.get("generate_s", 0.0), "train_s": h.get("train_s", 0.0),
+            "publish_s": h.get("weight_sync_s", 0.0), "reward": h["reward"],
             "tokens": h.get("response_length", 0.0) * h["samples"], "samples": h["samples"]} for h in result.history]
     ckpt = result.checkpoints[-1] if result.checkpoints else None
     side = f"engine-{'colocated-' if colocate else ''}{backend}"
@@ -180,13 +197,16 @@ def main(argv: List[str]) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--backend", default="vllm", choices=["vllm", "transformers"])
     p.add_argument("--colocate", action="store_true", help="the engine side: producer and consumer in one process")
+    p.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="most tokens sampled per response")
+    p.add_argument("--engine", default="{}", help="the engine side: extra inference_model_config keys, as JSON "
+                                                   "(e.g. '{\"enforce_eager\": true}')")
     a = p.parse_args(argv)
     work_dir = Path(a.out).with_suffix("")
     work_dir.mkdir(parents=True, exist_ok=True)
     if a.side == "trl":
-        result = run_trl(a.model, a.steps, work_dir)
+        result = run_trl(a.model, a.steps, work_dir, a.new_tokens)
     else:
-        result = run_engine(a.model, a.steps, work_dir, a.backend, a.colocate)
+        result = run_engine(a.model, a.steps, work_dir, a.backend, a.colocate, a.new_tokens, json.loads(a.engine))
     result["pid"] = os.getpid()
     result.update(gpu_peak())
     Path(a.out).write_text(json.dumps(result))

@@ -4,17 +4,21 @@ Each side runs as its own process (`peer_grpo.py`): the whole-run time includes 
 and the peak memory is the largest sum of the proportional set sizes (PSS) of that process and all its descendants
 (Ray's GCS, raylet and workers included), sampled every 0.2 s. Work per step, the same on every side: 8 toy prompts x
 8 samples of at most 12 new tokens, one optimizer step (`peer_grpo.py` lists the settings). Two model sizes: the tiny
-Qwen2 (hidden 128, 2 layers, 0.38M parameters) and a small one (hidden 256, 6 layers, 3.5M parameters).
+Qwen2 (hidden 128, 2 layers, 0.38M parameters) and a small one (hidden 256, 6 layers, 3.5M parameters); and a third
+setting where the step is decoding: the small model with at most 128 new tokens (`LONG_SETTING`), run by ``make bench``
+only (its sides take 1-2 minutes each even for 2 steps, too long for the smoke run) and without the disaggregated
+transformers side.
 
 Sides: TRL, the engine disaggregated (Ray actors) with a vLLM or a transformers producer, and the engine colocated
 (``colocate=True``: one process), generating with the training model itself (transformers) or with an in-process vLLM
 engine loaded after every step.
 
 Figures per side (medians over the timed rounds; a round is one whole run): steady s/step (the steps after the
-first), samples/s, whole-run time, peak PSS (on CUDA also ``gpu_peak_gib``, the GPU peak of the side's process,
-`peer_grpo.gpu_peak`), the reward curve and the first step whose reward reached 0.9, the FLOPs
-of a step's generation and training from the model's shapes (`flops.py`), and the achieved FLOP/s beside this
-machine's ``torch.mm`` peak measured in the same run. ``--benchmark-disable`` (the smoke run of ``make test``) runs
+first), samples/s, whole-run time, ``outside_steps_s`` (the whole run less its steps: start-up and shut-down), peak
+PSS (on CUDA also ``gpu_peak_gib``, the GPU peak of the side's process, `peer_grpo.gpu_peak`), the reward curve and
+the first step whose reward reached 0.9, the FLOPs of a step's generation and training from the model's shapes
+(`flops.py`), the achieved FLOP/s beside this machine's ``torch.mm`` peak measured in the same run, and the 1-minute
+load average at the end of each run. ``--benchmark-disable`` (the smoke run of ``make test``) runs
 each side once for 2 steps; ``make bench`` runs 3 rounds of 20 steps per side.
 """
 from __future__ import annotations
@@ -35,7 +39,10 @@ from peer_grpo import GENERATIONS, NEW_TOKENS, PROMPTS_PER_STEP, numbered_prompt
 from coati_compat.compare.process_memory import MemorySampler
 
 HERE = Path(__file__).resolve().parent
-SETTINGS = {"0.38M": dict(hidden_size=128, num_layers=2), "3.5M": dict(hidden_size=256, num_layers=6)}
+MODELS = {"0.38M": dict(hidden_size=128, num_layers=2), "3.5M": dict(hidden_size=256, num_layers=6)}
+LONG_SETTING = "3.5M-128tok"
+# setting -> (model, most new tokens per sample)
+SETTINGS = {"0.38M": ("0.38M", NEW_TOKENS), "3.5M": ("3.5M", NEW_TOKENS), LONG_SETTING: ("3.5M", 128)}
 # side -> peer_grpo.py arguments
 SIDES = {"trl": ["trl"], "engine-vllm": ["engine", "--backend", "vllm"],
          "engine-transformers": ["engine", "--backend", "transformers"],
@@ -46,6 +53,8 @@ SIDES = {"trl": ["trl"], "engine-vllm": ["engine", "--backend", "vllm"],
 TRAINING_SHARES = {"engine-vllm", "engine-transformers", "engine-colocated", "engine-colocated-vllm"}
 PREFILL_SHARES = {"engine-transformers", "engine-colocated"}
 SAMPLES_PER_STEP = PROMPTS_PER_STEP * GENERATIONS
+CASES = [(setting, side) for setting in SETTINGS for side in SIDES
+         if not (setting == LONG_SETTING and side == "engine-transformers")]
 STEPS_TIMED, ROUNDS_TIMED, STEPS_SMOKE = 20, 3, 2
 RUN_TIMEOUT_S = 900
 
@@ -59,7 +68,7 @@ def peak_flops() -> float:
 def peer_models() -> Dict[str, str]:
     from coati_relay.toy import build_tiny_model
 
-    return {name: str(build_tiny_model(**shape)) for name, shape in SETTINGS.items()}
+    return {name: str(build_tiny_model(**shape)) for name, shape in MODELS.items()}
 
 
 def _side_env() -> Dict[str, str]:
@@ -67,11 +76,12 @@ def _side_env() -> Dict[str, str]:
     return {**os.environ, "RAY_ADDRESS": "local"}
 
 
-def run_side(side: str, model: str, steps: int, out_dir: Path) -> Dict[str, Any]:
-    """Runs one side in a process of its own; returns its result file plus ``whole_run_s`` and ``peak_pss_gib``."""
+def run_side(side: str, model: str, steps: int, out_dir: Path, new_tokens: int = NEW_TOKENS) -> Dict[str, Any]:
+    """Runs one side in a process of its own; returns its result file plus ``whole_run_s``, ``peak_pss_gib`` and
+    ``load_average`` (the 1-minute load when it ended)."""
     out = out_dir / f"{side}.json"
     cmd = [sys.executable, str(HERE / "peer_grpo.py"), *SIDES[side], "--model", model, "--steps", str(steps),
-           "--out", str(out)]
+           "--out", str(out), "--new-tokens", str(new_tokens)]
     log = open(out_dir / f"{side}.log", "w")
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_side_env())
@@ -90,7 +100,7 @@ def run_side(side: str, model: str, steps: int, out_dir: Path) -> Dict[str, Any]
         tail = (out_dir / f"{side}.log").read_text()[-3000:]
         raise AssertionError(f"{side} exited with {code}; the end of its log:\n{tail}")
     result = json.loads(out.read_text())
-    result.update(whole_run_s=whole, peak_pss_gib=sampler.total_peak_mib / 1024)
+    result.update(whole_run_s=whole, peak_pss_gib=sampler.total_peak_mib / 1024, load_average=os.getloadavg()[0])
     return result
 
 
@@ -98,7 +108,7 @@ def _first_step_at(rewards: List[float], level: float = 0.9) -> Optional[int]:
     return next((i + 1 for i, r in enumerate(rewards) if r >= level), None)
 
 
-def _figures(runs: List[Dict[str, Any]], model: str, peak: float, side: str) -> Dict[str, Any]:
+def _figures(runs: List[Dict[str, Any]], model: str, peak: float, side: str, new_tokens: int) -> Dict[str, Any]:
     """Medians over the rounds of one side, FLOPs per step, and achieved FLOP/s against ``peak``.
 
     ``gflop_generation``/``gflop_training``: the step's work as TRL does it (every sample prefills and trains its
@@ -117,17 +127,20 @@ def _figures(runs: List[Dict[str, Any]], model: str, peak: float, side: str) -> 
     for run in runs:
         steps = run["steps"]
         steady = steps[1:] or steps
-        new_tokens = statistics.mean(s["tokens"] for s in steps) / SAMPLES_PER_STEP
-        gen = generation_flops(shapes, SAMPLES_PER_STEP, prompt_len, new_tokens)
-        train = training_flops(shapes, SAMPLES_PER_STEP, prompt_len, new_tokens)
-        gen_done = generation_flops(shapes, SAMPLES_PER_STEP, prompt_len, new_tokens,
+        new_tokens_mean = statistics.mean(s["tokens"] for s in steps) / SAMPLES_PER_STEP
+        gen = generation_flops(shapes, SAMPLES_PER_STEP, prompt_len, new_tokens_mean)
+        train = training_flops(shapes, SAMPLES_PER_STEP, prompt_len, new_tokens_mean)
+        gen_done = generation_flops(shapes, SAMPLES_PER_STEP, prompt_len, new_tokens_mean,
                                     PROMPTS_PER_STEP if side in PREFILL_SHARES else None)
-        done = gen_done + training_flops(shapes, SAMPLES_PER_STEP, prompt_len, new_tokens,
+        done = gen_done + training_flops(shapes, SAMPLES_PER_STEP, prompt_len, new_tokens_mean,
                                          PROMPTS_PER_STEP if side in TRAINING_SHARES else None)
         s_step = statistics.median(s["step_s"] for s in steady)
         s_gen = statistics.median(s["generate_s"] for s in steady)
-        per_run.append({"s_per_step": s_step, "generate_s_per_step": s_gen,
+        s_train = statistics.median(s["train_s"] for s in steady)
+        per_run.append({"s_per_step": s_step, "generate_s_per_step": s_gen, "train_s_per_step": s_train,
                         "samples_per_s": SAMPLES_PER_STEP / s_step, "whole_run_s": run["whole_run_s"],
+                        "outside_steps_s": run["whole_run_s"] - sum(s["step_s"] for s in steps),
+                        "load_average": run["load_average"], "new_tokens_per_sample": new_tokens_mean,
                         "peak_pss_gib": run["peak_pss_gib"], "gflop_generation": gen / 1e9,
                         "gflop_training": train / 1e9, "gflop_executed": done / 1e9,
                         "gflop_per_s": done / s_step / 1e9,
@@ -136,6 +149,7 @@ def _figures(runs: List[Dict[str, Any]], model: str, peak: float, side: str) -> 
     out = {key: statistics.median(r[key] for r in per_run) for key in per_run[0]}
     out["fraction_of_matmul_peak"] = out["gflop_per_s"] * 1e9 / peak
     out["matmul_peak_gflop_per_s"] = peak / 1e9
+    out["max_new_tokens"] = new_tokens
     out["rewards_first_round"] = [round(s["reward"], 3) for s in runs[0]["steps"]]
     out["first_step_reward_0.9"] = statistics.median(
         [_first_step_at([s["reward"] for s in r["steps"]]) or len(r["steps"]) + 1 for r in runs])
@@ -143,18 +157,20 @@ def _figures(runs: List[Dict[str, Any]], model: str, peak: float, side: str) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("side", list(SIDES))
-@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize(("setting", "side"), CASES)
 def test_grpo_vs_trl(benchmark, figures, tmp_path, peer_models, peak_flops, setting, side):
     benchmark.group = f"vs-trl-grpo-{setting}"
-    model = peer_models[setting]
+    if setting == LONG_SETTING and benchmark.disabled:
+        pytest.skip(f"{LONG_SETTING}: minutes per side, run by make bench only")
+    model_name, new_tokens = SETTINGS[setting]
+    model = peer_models[model_name]
     steps = STEPS_SMOKE if benchmark.disabled else STEPS_TIMED
     runs: List[Dict[str, Any]] = []
 
     def one_run() -> None:
         out_dir = tmp_path / f"round{len(runs)}"
         out_dir.mkdir()
-        runs.append(run_side(side, model, steps, out_dir))
+        runs.append(run_side(side, model, steps, out_dir, new_tokens))
 
     benchmark.pedantic(one_run, rounds=1 if benchmark.disabled else ROUNDS_TIMED, iterations=1)
 
@@ -164,8 +180,8 @@ def test_grpo_vs_trl(benchmark, figures, tmp_path, peer_models, peak_flops, sett
             assert step["samples"] == SAMPLES_PER_STEP, step
             if side == "trl":
                 assert step["trained_samples"] == SAMPLES_PER_STEP, step
-            assert 0 < step["tokens"] <= SAMPLES_PER_STEP * NEW_TOKENS, step
+            assert 0 < step["tokens"] <= SAMPLES_PER_STEP * new_tokens, step
             assert 0.0 <= step["reward"] <= 1.0, step
         assert run["params"]["checked"] and run["params"]["finite"], run["params"]
         assert run["params"]["moved"] == run["params"]["tensors"] > 0, run["params"]
-    figures.update(_figures(runs, model, peak_flops, side))
+    figures.update(_figures(runs, model, peak_flops, side, new_tokens))
