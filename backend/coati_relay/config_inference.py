@@ -68,7 +68,8 @@ VLLM_KEYS: Dict[str, Check] = {
     "dtype": Check(_dtype(("auto",) + _DTYPE_NAMES), f"'auto', one of {list(_DTYPE_NAMES)} or a torch dtype"),
     "tensor_parallel_size": Check(_positive_int, "an int > 0 equal to num_proc_per_producer"),
     "gpu_memory_utilization": Check(lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
-    "kv_cache_memory_bytes": Check(_positive_int, "an int > 0 (bytes)"),
+    "kv_cache_memory_bytes": Check(_positive_int, "an int > 0 (bytes; on CPU hosts the default is sized to the run's "
+                                                  "rows, `coati_relay.inference.kv_cache_size`)"),
     "max_model_len": Check(_positive_int, "an int > 0 (prompt + response tokens)"),
     "max_num_seqs": Check(_positive_int, "an int > 0"),
     "max_num_batched_tokens": Check(_positive_int, "an int > 0"),

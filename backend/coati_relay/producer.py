@@ -86,9 +86,13 @@ class ProducerWorker:
         from coati_relay.inference import build_inference_backend
 
         cfg = self.cfg
+        sized = {}
+        if cfg.roles.inference_backend == "vllm":  # max_model_len and the CPU KV cache sized to the run
+            sized = {"max_rows": cfg.batches.inference_microbatch_size * cfg.batches.num_generations,
+                     "max_prompt_tokens": cfg.data.max_prompt_tokens}
         return build_inference_backend(cfg.roles.inference_backend, cfg.models.model_path, cfg.sampling,
                                        tokenizer=self.tokenizer, seed=cfg.seed + self.index,
-                                       **cfg.models.inference_model_kwargs)
+                                       **sized, **cfg.models.inference_model_kwargs)
 
     def _load_prompts(self) -> None:
         from transformers import AutoTokenizer

