@@ -1,7 +1,7 @@
 """One side of the TRL pair (`test_vs_trl.py`), run as its own process so that its start-up and memory are its own:
 
     python benchmarks/peer_grpo.py {trl|engine} --model DIR --steps N --out RESULT.json [--backend vllm|transformers]
-        [--colocate] [--new-tokens N] [--engine JSON]
+        [--colocate] [--new-tokens N] [--engine JSON] [--train-microbatch N]
 
 Both sides do the same GRPO work: the toy prompts (`coati_relay.toy`, numbered, chat template applied),
 ``PROMPTS_PER_STEP`` prompts x ``GENERATIONS`` samples of at most ``--new-tokens`` (default ``NEW_TOKENS``) tokens per
@@ -120,8 +120,10 @@ def run_trl(model: str, steps: int, work_dir: Path, new_tokens: int) -> Dict[str
 
 
 def engine_kwargs(model: str, steps: int, work_dir: Path, backend: str, colocate: bool, new_tokens: int,
-                  engine: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """The `launch_distributed` keywords of the engine side. engine: extra ``inference_model_config`` keys."""
+                  engine: Optional[Dict[str, Any]] = None, microbatch: int = PROMPTS_PER_STEP * GENERATIONS
+                  ) -> Dict[str, Any]:
+    """The `launch_distributed` keywords of the engine side. engine: extra ``inference_model_config`` keys;
+    microbatch: samples per training forward and backward (one optimizer step per round either way)."""
     return dict(
         num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
         inference_batch_size=PROMPTS_PER_STEP, inference_microbatch_size=PROMPTS_PER_STEP,
@@ -130,14 +132,15 @@ def engine_kwargs(model: str, steps: int, work_dir: Path, backend: str, colocate
         inference_model_config={"path": model, **(engine or {})}, train_model_config={"path": model},
         generate_config={"max_new_tokens": new_tokens, "temperature": 1.0, "top_p": 1.0}, seed=SEED,
         grpo_config={"lr": LR, "beta": 0.0, "weight_decay": 0.01, "reward_fn_type": "toy_letter",
-                     "train_microbatch_size": PROMPTS_PER_STEP * GENERATIONS},
+                     "train_microbatch_size": microbatch},
         plugin_config={"plugin": "ddp"}, inference_backend=backend, num_generations=GENERATIONS,
         core_algo="GRPO", project_name="vs-trl", run_dir=str(work_dir / "engine"), save_interval=10_000,
         colocate=colocate)
 
 
 def run_engine(model: str, steps: int, work_dir: Path, backend: str, colocate: bool, new_tokens: int,
-               engine: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+               engine: Optional[Dict[str, Any]] = None, microbatch: int = PROMPTS_PER_STEP * GENERATIONS
+               ) -> Dict[str, Any]:
     """`launch_distributed(core_algo="GRPO")`: one producer, one consumer; disaggregated on a local Ray cluster of
     its own, or colocated in this process (no Ray). engine: extra ``inference_model_config`` keys."""
     from coati_relay.launch import launch_distributed
@@ -147,7 +150,8 @@ def run_engine(model: str, steps: int, work_dir: Path, backend: str, colocate: b
 
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
-        result = launch_distributed(**engine_kwargs(model, steps, work_dir, backend, colocate, new_tokens, engine))
+        result = launch_distributed(**engine_kwargs(model, steps, work_dir, backend, colocate, new_tokens, engine,
+                                                    microbatch))
     finally:
         if not colocate:
             ray.shutdown()
@@ -198,6 +202,9 @@ def main(argv: List[str]) -> int:
     p.add_argument("--backend", default="vllm", choices=["vllm", "transformers"])
     p.add_argument("--colocate", action="store_true", help="the engine side: producer and consumer in one process")
     p.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="most tokens sampled per response")
+    p.add_argument("--train-microbatch", type=int, default=PROMPTS_PER_STEP * GENERATIONS,
+                   help="the engine side: samples per training forward and backward (TRL's side takes all 64 in one, "
+                        "with gradient checkpointing, its GRPOConfig default)")
     p.add_argument("--engine", default="{}", help="the engine side: extra inference_model_config keys, as JSON "
                                                    "(e.g. '{\"enforce_eager\": true}')")
     a = p.parse_args(argv)
@@ -206,7 +213,8 @@ def main(argv: List[str]) -> int:
     if a.side == "trl":
         result = run_trl(a.model, a.steps, work_dir, a.new_tokens)
     else:
-        result = run_engine(a.model, a.steps, work_dir, a.backend, a.colocate, a.new_tokens, json.loads(a.engine))
+        result = run_engine(a.model, a.steps, work_dir, a.backend, a.colocate, a.new_tokens, json.loads(a.engine),
+                            a.train_microbatch)
     result["pid"] = os.getpid()
     result.update(gpu_peak())
     Path(a.out).write_text(json.dumps(result))

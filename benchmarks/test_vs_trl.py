@@ -6,8 +6,9 @@ and the peak memory is the largest sum of the proportional set sizes (PSS) of th
 8 samples of at most 12 new tokens, one optimizer step (`peer_grpo.py` lists the settings). Two model sizes: the tiny
 Qwen2 (hidden 128, 2 layers, 0.38M parameters) and a small one (hidden 256, 6 layers, 3.5M parameters); and a third
 setting where the step is decoding: the small model with at most 128 new tokens (`LONG_SETTING`), run by ``make bench``
-only (its sides take 1-2 minutes each even for 2 steps, too long for the smoke run) and without the disaggregated
-transformers side.
+only (its sides take 1-2 minutes each even for 2 steps, too long for the smoke run), without the disaggregated
+transformers side and with one more: the colocated transformers side training in 4 micro-batches of 16 (the
+activations of 64 sequences of 157 tokens in one backward are most of a step's peak memory).
 
 Sides: TRL, the engine disaggregated (Ray actors) with a vLLM or a transformers producer, and the engine colocated
 (``colocate=True``: one process), generating with the training model itself (transformers) or with an in-process vLLM
@@ -47,14 +48,18 @@ SETTINGS = {"0.38M": ("0.38M", NEW_TOKENS), "3.5M": ("3.5M", NEW_TOKENS), LONG_S
 SIDES = {"trl": ["trl"], "engine-vllm": ["engine", "--backend", "vllm"],
          "engine-transformers": ["engine", "--backend", "transformers"],
          "engine-colocated": ["engine", "--backend", "transformers", "--colocate"],
-         "engine-colocated-vllm": ["engine", "--backend", "vllm", "--colocate"]}
+         "engine-colocated-vllm": ["engine", "--backend", "vllm", "--colocate"],
+         # the long setting only: 4 training micro-batches of 16 (one optimizer step), activations a quarter
+         "engine-colocated-mb16": ["engine", "--backend", "transformers", "--colocate", "--train-microbatch", "16"]}
 # Where a side computes each prompt once for its samples (`coati_relay.prompt_sharing`): the engine's consumer in
 # training, the transformers backend in its prefill.
-TRAINING_SHARES = {"engine-vllm", "engine-transformers", "engine-colocated", "engine-colocated-vllm"}
-PREFILL_SHARES = {"engine-transformers", "engine-colocated"}
+TRAINING_SHARES = {"engine-vllm", "engine-transformers", "engine-colocated", "engine-colocated-vllm",
+                   "engine-colocated-mb16"}
+PREFILL_SHARES = {"engine-transformers", "engine-colocated", "engine-colocated-mb16"}
 SAMPLES_PER_STEP = PROMPTS_PER_STEP * GENERATIONS
+LONG_ONLY, SHORT_ONLY = {"engine-colocated-mb16"}, {"engine-transformers"}
 CASES = [(setting, side) for setting in SETTINGS for side in SIDES
-         if not (setting == LONG_SETTING and side == "engine-transformers")]
+         if side not in (SHORT_ONLY if setting == LONG_SETTING else LONG_ONLY)]
 STEPS_TIMED, ROUNDS_TIMED, STEPS_SMOKE = 20, 3, 2
 RUN_TIMEOUT_S = 900
 
