@@ -82,17 +82,18 @@ class RolloutQueueState:
         if consumer_version is None or self.staleness is None:
             return []
         oldest_ok = consumer_version - self.staleness
+        return self.drop_where(lambda e: e.version < oldest_ok)
+
+    def drop_where(self, dropped: Callable[[QueueEntry], bool]) -> List[QueueEntry]:
+        """Drops the entries for which ``dropped(entry)`` holds (counted as dropped); returns them in queue order."""
         kept: Deque[QueueEntry] = collections.deque()
-        dropped = []
+        out = []
         for e in self.entries:
-            if e.version < oldest_ok:
-                dropped.append(e)
-                self.dropped += 1
-                self.dropped_size += e.size
-            else:
-                kept.append(e)
+            (out if dropped(e) else kept).append(e)
         self.entries = kept
-        return dropped
+        self.dropped += len(out)
+        self.dropped_size += sum(e.size for e in out)
+        return out
 
     def pop(self, n: int) -> List[QueueEntry]:
         if len(self.entries) < n:
@@ -104,18 +105,7 @@ class RolloutQueueState:
 
     def drop_producer(self, producer: str) -> List[int]:
         """Drops the entries of ``producer`` (their objects died with it); returns their task indices."""
-        kept: Deque[QueueEntry] = collections.deque()
-        tasks = []
-        for e in self.entries:
-            if e.producer == producer:
-                self.dropped += 1
-                self.dropped_size += e.size
-                if e.task is not None:
-                    tasks.append(e.task)
-            else:
-                kept.append(e)
-        self.entries = kept
-        return tasks
+        return [e.task for e in self.drop_where(lambda e: e.producer == producer) if e.task is not None]
 
     def counters(self) -> Dict[str, Any]:
         return {
@@ -189,9 +179,7 @@ class LocalRolloutQueue:
     def drop_all(self) -> List[QueueEntry]:
         """Drops every entry (counted as dropped) and returns them."""
         with self._changed:
-            dropped, self.state.entries = list(self.state.entries), collections.deque()
-            self.state.dropped += len(dropped)
-            self.state.dropped_size += sum(e.size for e in dropped)
+            dropped = self.state.drop_where(lambda e: True)
             self._changed.notify_all()
             return dropped
 
