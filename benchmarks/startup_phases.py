@@ -15,10 +15,11 @@ Each phase is timed in the order a run meets it, so an import counts only what t
   ``compile_s`` and KV cache ``kv_cache_bytes`` recorded), or with transformers ``producer`` (the backend around
   the policy).
 
-The result also holds ``rss_mib`` (this process's resident memory after start-up, before the engine is closed)
-and the 1-minute ``load_average``. ``--engine`` passes extra ``inference_model_config`` keys
-(``{"enforce_eager": true}``, ``{"kv_cache_memory_bytes": 1073741824}``), to time one setting against another back
-to back.
+The result also holds ``rss_mib`` (this process's resident memory after start-up, before the engine is closed),
+``rss_after_mib`` (the same after each phase), with vLLM the bytes the engine holds as data (``weight_bytes``, its
+model's parameters and buffers; ``kv_cache_bytes``), and the 1-minute ``load_average``. ``--engine`` passes extra
+``inference_model_config`` keys (``{"enforce_eager": true}``, ``{"kv_cache_memory_bytes": 1073741824}``), to time
+one setting against another back to back.
 """
 from __future__ import annotations
 
@@ -34,15 +35,17 @@ HERE = Path(__file__).resolve().parent
 
 
 class Phases:
-    """Seconds of each named phase, in order."""
+    """Seconds of each named phase, in order, and this process's resident memory after it."""
 
     def __init__(self) -> None:
         self.seconds: Dict[str, float] = {}
+        self.rss_after_mib: Dict[str, float] = {}
 
     def run(self, name: str, fn: Callable[[], Any]) -> Any:
         t0 = time.perf_counter()
         value = fn()
         self.seconds[name] = time.perf_counter() - t0
+        self.rss_after_mib[name] = _rss_mib()
         return value
 
 
@@ -57,6 +60,19 @@ def _rss_mib() -> float:
     import psutil
 
     return psutil.Process().memory_info().rss / 2 ** 20
+
+
+def _model_bytes(worker: Any) -> int:
+    """Runs on a vLLM worker: bytes of its model's parameters and buffers on the CPU, each storage counted once."""
+    model = worker.model_runner.model
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in tensors if t.device.type == "cpu"}.values())
+
+
+def _engine_weight_bytes(backend: Any) -> int:
+    """Bytes of the model's weights inside an in-process vLLM engine (its workers together)."""
+    return sum(backend.llm.collective_rpc(_model_bytes))
 
 
 def trl_startup(p: Phases, model: str, work_dir: Path, new_tokens: int) -> None:
@@ -111,7 +127,8 @@ def engine_startup(p: Phases, model: str, work_dir: Path, backend: str, new_toke
     llm_config = producer.backend.llm.llm_engine.vllm_config
     out = {"engine_start_s": producer.backend.start_seconds,
            "compile_s": float(getattr(llm_config.compilation_config, "compilation_time", 0.0) or 0.0),
-           "kv_cache_bytes": llm_config.cache_config.kv_cache_memory_bytes, "rss_mib": _rss_mib()}
+           "kv_cache_bytes": llm_config.cache_config.kv_cache_memory_bytes, "rss_mib": _rss_mib(),
+           "weight_bytes": _engine_weight_bytes(producer.backend)}
     producer.backend_close()
     return out
 
@@ -138,8 +155,9 @@ def main(argv: List[str]) -> int:
     else:
         extra = engine_startup(p, a.model, work_dir, a.backend, a.new_tokens, json.loads(a.engine))
     result = {"side": a.side if a.side == "trl" else f"engine-colocated-{a.backend}", "engine": json.loads(a.engine),
-              "python_s": python_s, "phases_s": p.seconds, "total_s": python_s + sum(p.seconds.values()),
-              "rss_mib": _rss_mib(), "load_average": os.getloadavg()[0], **extra}
+              "python_s": python_s, "phases_s": p.seconds, "rss_after_mib": p.rss_after_mib,
+              "total_s": python_s + sum(p.seconds.values()), "rss_mib": _rss_mib(),
+              "load_average": os.getloadavg()[0], **extra}
     Path(a.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
     return 0
