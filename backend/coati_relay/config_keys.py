@@ -11,7 +11,8 @@ log = logging.getLogger(__name__)
 
 # Keys of the other sections that the run reads.
 SECTION_KEYS = {"train_dataset_config": ("path", "prompts", "max_length", "system_prompt"),
-                "train_model_config": ("path", "checkpoint_path", "lora"), "tokenizer_config": ("path",),
+                "train_model_config": ("path", "checkpoint_path", "lora", "gradient_checkpointing"),
+                "tokenizer_config": ("path",),
                 "critic_model_config": ("path",), "reward_model_config": ("path",)}
 # Keys ColossalChat scripts pass that mean nothing here, and why.
 IGNORED_SECTION_KEYS = {

@@ -71,7 +71,16 @@ def build_models(errors: List[str], roles: Roles, imc: Dict[str, Any], tmc: Dict
     engine_kwargs = check_inference_config(errors, roles.inference_backend, imc, roles.num_proc_per_producer)
     return Models(model_path=model_path, train_path=train_path, tokenizer_path=tokenizer_path,
                   inference_model_kwargs=engine_kwargs, lora=_lora(errors, tmc.get("lora")),
-                  critic_model_path=critic_path, reward_model_path=rm_path)
+                  critic_model_path=critic_path, reward_model_path=rm_path,
+                  gradient_checkpointing=_flag(errors, "train_model_config", "gradient_checkpointing", tmc))
+
+
+def _flag(errors: List[str], section: str, key: str, cfg: Dict[str, Any]) -> bool:
+    value = cfg.get(key, False)
+    if not isinstance(value, bool):
+        errors.append(f"{section}[{key!r}] must be True or False, got {value!r}")
+        return False
+    return value
 
 
 def _lora(errors: List[str], lora: Any) -> Optional[Dict[str, Any]]:

@@ -137,7 +137,8 @@ class ConsumerWorker:
         cfg = self.cfg
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.models.tokenizer_path)
         spec = algos.spec(cfg.core_algo)
-        policy = load_causal_lm(cfg.models.train_path, lora=cfg.models.lora)
+        policy = load_causal_lm(cfg.models.train_path, lora=cfg.models.lora,
+                                gradient_checkpointing=cfg.models.gradient_checkpointing)
         critic = reference = None
         if spec.needs_critic:
             from coati_relay.training.critic import CriticModel

@@ -72,9 +72,10 @@ def response_logprobs(model: torch.nn.Module, sequences: torch.Tensor, attention
     if logits is None:
         mask = attention_mask.long()
         kwargs = {"input_ids": sequences, "attention_mask": mask, "position_ids": real_positions(mask)}
-        # Only the logits that predict response tokens are needed: [N, R + 1, V] instead of [N, S, V].
+        # Only the logits that predict response tokens are needed: [N, R + 1, V] instead of [N, S, V]; and no
+        # key/value cache, which nothing reads (and which gradient checkpointing turns off with a warning).
         if causal_lm:
-            kwargs["logits_to_keep"] = num_response_tokens + 1
+            kwargs.update(logits_to_keep=num_response_tokens + 1, use_cache=False)
         logits = _logits_of(model(**kwargs))
     return chosen_logprobs(logits, sequences[:, -num_response_tokens:], temperature)
 

@@ -52,7 +52,8 @@ class Batches:
 
 @dataclass(frozen=True)
 class Models:
-    """Checkpoint directories; the producers' engine keywords; the LoRA settings of the policy (None: full)."""
+    """Checkpoint directories; the producers' engine keywords; the LoRA settings of the policy (None: full); whether
+    the policy's training forwards checkpoint activations (`training.booster_backend.load_causal_lm`)."""
 
     model_path: str
     train_path: str
@@ -61,6 +62,7 @@ class Models:
     lora: Optional[Dict[str, Any]]
     critic_model_path: Optional[str]
     reward_model_path: Optional[str]
+    gradient_checkpointing: bool = False
 
 
 @dataclass(frozen=True)

@@ -37,11 +37,14 @@ _LORA_KEYS = {"r", "alpha", "target_modules", "dropout"}
 
 
 def load_causal_lm(path: Union[str, os.PathLike], dtype: torch.dtype = torch.float32,
-                   lora: Optional[Dict[str, Any]] = None) -> nn.Module:
+                   lora: Optional[Dict[str, Any]] = None, gradient_checkpointing: bool = False) -> nn.Module:
     """``AutoModelForCausalLM`` from a local directory, in ``dtype`` (float32 to train).
 
     lora: ``{"r": 8, "alpha": 16, "target_modules": [...], "dropout": 0.0}`` wraps the model with peft LoRA, so
     that only the adapters train (``target_modules`` None: peft's default for the architecture).
+    gradient_checkpointing: training forwards keep only each decoder layer's input and recompute the layer in the
+    backward (transformers' non-reentrant checkpointing): activations of one layer instead of all, for about one more
+    forward per step. Generation (eval mode) is unchanged.
     """
     from transformers import AutoModelForCausalLM
 
@@ -49,6 +52,8 @@ def load_causal_lm(path: Union[str, os.PathLike], dtype: torch.dtype = torch.flo
         raise ValueError(f"load_causal_lm: {path} holds no config.json; pass a local model directory "
                          "(nothing is downloaded)")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if lora is None:
         return model
     if not isinstance(lora, dict) or set(lora) - _LORA_KEYS or "r" not in lora:
