@@ -120,16 +120,18 @@ def run_trl(model: str, steps: int, work_dir: Path, new_tokens: int) -> Dict[str
 
 
 def engine_kwargs(model: str, steps: int, work_dir: Path, backend: str, colocate: bool, new_tokens: int,
-                  engine: Optional[Dict[str, Any]] = None, microbatch: int = PROMPTS_PER_STEP * GENERATIONS
-                  ) -> Dict[str, Any]:
+                  engine: Optional[Dict[str, Any]] = None, microbatch: int = PROMPTS_PER_STEP * GENERATIONS,
+                  gradient_checkpointing: bool = False) -> Dict[str, Any]:
     """The `launch_distributed` keywords of the engine side. engine: extra ``inference_model_config`` keys;
-    microbatch: samples per training forward and backward (one optimizer step per round either way)."""
+    microbatch: samples per training forward and backward (one optimizer step per round either way);
+    gradient_checkpointing: ``train_model_config``'s setting."""
     return dict(
         num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
         inference_batch_size=PROMPTS_PER_STEP, inference_microbatch_size=PROMPTS_PER_STEP,
         train_batch_size=PROMPTS_PER_STEP, train_minibatch_size=PROMPTS_PER_STEP,
         train_dataset_config={"path": str(_prompts(work_dir / "prompts.jsonl", steps)), "max_length": 64},
-        inference_model_config={"path": model, **(engine or {})}, train_model_config={"path": model},
+        inference_model_config={"path": model, **(engine or {})},
+        train_model_config={"path": model, "gradient_checkpointing": gradient_checkpointing},
         generate_config={"max_new_tokens": new_tokens, "temperature": 1.0, "top_p": 1.0}, seed=SEED,
         grpo_config={"lr": LR, "beta": 0.0, "weight_decay": 0.01, "reward_fn_type": "toy_letter",
                      "train_microbatch_size": microbatch},
@@ -139,8 +141,8 @@ def engine_kwargs(model: str, steps: int, work_dir: Path, backend: str, colocate
 
 
 def run_engine(model: str, steps: int, work_dir: Path, backend: str, colocate: bool, new_tokens: int,
-               engine: Optional[Dict[str, Any]] = None, microbatch: int = PROMPTS_PER_STEP * GENERATIONS
-               ) -> Dict[str, Any]:
+               engine: Optional[Dict[str, Any]] = None, microbatch: int = PROMPTS_PER_STEP * GENERATIONS,
+               gradient_checkpointing: bool = False) -> Dict[str, Any]:
     """`launch_distributed(core_algo="GRPO")`: one producer, one consumer; disaggregated on a local Ray cluster of
     its own, or colocated in this process (no Ray). engine: extra ``inference_model_config`` keys."""
     from coati_relay.launch import launch_distributed
@@ -151,7 +153,7 @@ def run_engine(model: str, steps: int, work_dir: Path, backend: str, colocate: b
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         result = launch_distributed(**engine_kwargs(model, steps, work_dir, backend, colocate, new_tokens, engine,
-                                                    microbatch))
+                                                    microbatch, gradient_checkpointing))
     finally:
         if not colocate:
             ray.shutdown()
@@ -205,6 +207,8 @@ def main(argv: List[str]) -> int:
     p.add_argument("--train-microbatch", type=int, default=PROMPTS_PER_STEP * GENERATIONS,
                    help="the engine side: samples per training forward and backward (TRL's side takes all 64 in one, "
                         "with gradient checkpointing, its GRPOConfig default)")
+    p.add_argument("--gradient-checkpointing", action="store_true",
+                   help="the engine side: train_model_config['gradient_checkpointing'] (TRL's side has it on)")
     p.add_argument("--engine", default="{}", help="the engine side: extra inference_model_config keys, as JSON "
                                                    "(e.g. '{\"enforce_eager\": true}')")
     a = p.parse_args(argv)
@@ -214,7 +218,7 @@ def main(argv: List[str]) -> int:
         result = run_trl(a.model, a.steps, work_dir, a.new_tokens)
     else:
         result = run_engine(a.model, a.steps, work_dir, a.backend, a.colocate, a.new_tokens, json.loads(a.engine),
-                            a.train_microbatch)
+                            a.train_microbatch, a.gradient_checkpointing)
     result["pid"] = os.getpid()
     result.update(gpu_peak())
     Path(a.out).write_text(json.dumps(result))
