@@ -16,8 +16,7 @@ Each phase is timed in the order a run meets it, so an import counts only what t
   the policy).
 
 The result also holds ``rss_mib`` (this process's resident memory after start-up, before the engine is closed),
-``rss_after_mib`` (the same after each phase), with vLLM the bytes the engine holds as data (``weight_bytes``, its
-model's parameters and buffers; ``kv_cache_bytes``), and the 1-minute ``load_average``. ``--engine`` passes extra
+``rss_after_mib`` (the same after each phase) and the 1-minute ``load_average``. ``--engine`` passes extra
 ``inference_model_config`` keys (``{"enforce_eager": true}``, ``{"kv_cache_memory_bytes": 1073741824}``), to time
 one setting against another back to back.
 """
@@ -60,19 +59,6 @@ def _rss_mib() -> float:
     import psutil
 
     return psutil.Process().memory_info().rss / 2 ** 20
-
-
-def _model_bytes(worker: Any) -> int:
-    """Runs on a vLLM worker: bytes of its model's parameters and buffers on the CPU, each storage counted once."""
-    model = worker.model_runner.model
-    tensors = [*model.parameters(), *model.buffers()]
-    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                for t in tensors if t.device.type == "cpu"}.values())
-
-
-def _engine_weight_bytes(backend: Any) -> int:
-    """Bytes of the model's weights inside an in-process vLLM engine (its workers together)."""
-    return sum(backend.llm.collective_rpc(_model_bytes))
 
 
 def trl_startup(p: Phases, model: str, work_dir: Path, new_tokens: int) -> None:
@@ -127,8 +113,7 @@ def engine_startup(p: Phases, model: str, work_dir: Path, backend: str, new_toke
     llm_config = producer.backend.llm.llm_engine.vllm_config
     out = {"engine_start_s": producer.backend.start_seconds,
            "compile_s": float(getattr(llm_config.compilation_config, "compilation_time", 0.0) or 0.0),
-           "kv_cache_bytes": llm_config.cache_config.kv_cache_memory_bytes, "rss_mib": _rss_mib(),
-           "weight_bytes": _engine_weight_bytes(producer.backend)}
+           "kv_cache_bytes": llm_config.cache_config.kv_cache_memory_bytes, "rss_mib": _rss_mib()}
     producer.backend_close()
     return out
 
