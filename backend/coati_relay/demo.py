@@ -10,15 +10,17 @@ Everything is built locally: the model and tokenizer (cached after the first run
 """
 from __future__ import annotations
 
-import importlib.util
 import logging
 import shutil
 import time
-import warnings
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 log = logging.getLogger(__name__)
+# Rows other packages add to the demo's table: ``coati_compat`` registers the legacy API's PPO run here. An entry is
+# ``row(model_path: str, out_dir: Path) -> {"run": str, "run_dir": str, **run_summary}``.
+DEMO_ROWS_GROUP = "coati_relay.demo_rows"
 
 
 def _engine_kwargs(model: str, data: str, run_dir: Path, algo: str, rounds: int, backend: str,
@@ -76,37 +78,19 @@ def run_demo(out_dir: str = "runs/demo", rounds: int = 20, backend: Optional[str
         result = launch_distributed(**_engine_kwargs(model, data, run_dir, algo, rounds, backend, colocate))
         rows.append({"run": f"{algo} (new API)", **result.summary})
         run_dirs.append(run_dir)
-    if legacy and importlib.util.find_spec("coati_compat") is None:
-        print("[demo] the legacy row needs coati_compat (the compat/ package), which is not installed: skipped")
-    elif legacy:
-        rows.append(_legacy_row(model, out))
-        run_dirs.append(Path(rows[-1]["run_dir"]))
+    if legacy:
+        rows_before = len(rows)
+        for entry in entry_points(group=DEMO_ROWS_GROUP):
+            rows.append(entry.load()(model, out))
+            run_dirs.append(Path(rows[-1]["run_dir"]))
+        if len(rows) == rows_before:
+            print("[demo] the legacy row needs coati_compat (the compat/ package), which is not installed: skipped")
     print()
     print(summary_table(rows, ["run", "steps", "samples_per_s", "reward_start", "reward_end",
                                "weight_sync_s_per_step", "wall_s"]))
     png = plot_run([str(d) for d in run_dirs], out_png=str(out / "reward_loss.png"))
     print(f"\n[demo] plot: {png}\n[demo] total {time.perf_counter() - t0:.0f}s")
     return {"rows": rows, "plot": str(png), "wall_s": time.perf_counter() - t0}
-
-
-def _legacy_row(model: str, out: Path, steps: int = 100) -> Dict[str, Any]:
-    """The legacy API on the same task, with the deprecation warnings a user would see.
-
-    Legacy PPO makes one response per prompt and trains on 16 of them per step, so it takes more (cheaper) steps.
-    """
-    from coati_compat.demo_legacy import run_legacy_ppo
-    from coati_relay.metrics import run_summary
-    from coati_relay.toy import write_toy_dataset
-
-    csv = str(write_toy_dataset(out / "prompts.csv", num_prompts=8, fmt="csv"))
-    print(f"[demo] legacy coati.ray PPO (ExperienceMakerHolder + DetachedPPOTrainer), {steps} steps")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("default")
-        result = run_legacy_ppo(model_path=model, csv_path=csv, run_dir=str(out / "legacy"), steps=steps)
-    shown = result.get("warnings") or [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
-    for text in dict.fromkeys(shown):
-        print(f"  FutureWarning: {text.splitlines()[0]}")
-    return {"run": "PPO (legacy API)", **run_summary(result["history"]), "run_dir": str(out / "legacy")}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

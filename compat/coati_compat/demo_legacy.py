@@ -226,3 +226,24 @@ def run_legacy_ppo(model_path: str, csv_path: str, run_dir: str, num_makers: int
     shown = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
     return {"history": read_metrics(run), "warnings": list(dict.fromkeys(shown)),
             "wall_s": time.perf_counter() - t0}
+
+
+def demo_row(model_path: str, out_dir: Path, steps: int = 100) -> Dict[str, Any]:
+    """The legacy row of ``coati-relay demo`` (entry point ``coati_relay.demo_rows``): `run_legacy_ppo` on the demo's
+    model and prompts, printing the deprecation warnings a user of the legacy API sees.
+
+    Legacy PPO makes one response per prompt and trains on 16 of them per step, so it takes more (cheaper) steps than
+    the engine's rows."""
+    from coati_relay.metrics import run_summary
+    from coati_relay.toy import write_toy_dataset
+
+    out = Path(out_dir)
+    csv = str(write_toy_dataset(out / "prompts.csv", num_prompts=8, fmt="csv"))
+    print(f"[demo] legacy coati.ray PPO (ExperienceMakerHolder + DetachedPPOTrainer), {steps} steps")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        result = run_legacy_ppo(model_path=model_path, csv_path=csv, run_dir=str(out / "legacy"), steps=steps)
+    shown = result.get("warnings") or [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    for text in dict.fromkeys(shown):
+        print(f"  FutureWarning: {text.splitlines()[0]}")
+    return {"run": "PPO (legacy API)", **run_summary(result["history"]), "run_dir": str(out / "legacy")}

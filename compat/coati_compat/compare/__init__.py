@@ -1,6 +1,7 @@
 """``coati-relay compare``: a legacy script and its migration, run side by side on the same arguments.
 
-- ``recording``: the recorders the shims add to their own callbacks while ``$COATI_RELAY_COMPARE_EVENTS`` is set.
+- ``recording``: the recorders the shims take as observers (`coati_compat.observers`) while
+  ``$COATI_RELAY_COMPARE_EVENTS`` is set.
 - ``function_recording``: the same records from the legacy functions a script with its own Ray actors calls.
 - ``legacy_launch``: runs the legacy script unchanged with recording on (CPU mode on a host without CUDA).
 - ``process_memory``: peak memory per role over a run's process tree.

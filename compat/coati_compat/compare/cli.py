@@ -153,7 +153,7 @@ def run_legacy(script: Path, args: argparse.Namespace, out: Path) -> List[Dict[s
         shutil.rmtree(out / f"legacy-{i}", ignore_errors=True)  # an earlier report's records must not mix in
         events = out / f"legacy-{i}" / "events"
         events.mkdir(parents=True)
-        env = sides.side_env({recording_switch.ENV: str(events),
+        env = sides.side_env({**recording_switch.recording_env(str(events)),
                               "RAY_NAMESPACE": f"compare-{uuid.uuid4().hex[:8]}"})
         run = sides.run_side(side_commands.legacy_command(script, args.script_args), env, Path.cwd(),
                              out / f"legacy-{i}" / "log.txt", lambda: len(steps.legacy_rows(events, finished=False)),

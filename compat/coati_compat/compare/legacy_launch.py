@@ -1,7 +1,7 @@
 """The legacy side of ``coati-relay compare``: ``python -m coati_compat.compare.legacy_launch SCRIPT [ARGS...]``.
 
 Runs SCRIPT unchanged as ``coati-relay legacy-run`` does (CPU mode, which changes nothing on a host with CUDA), with
-``$COATI_RELAY_COMPARE_EVENTS`` set by the caller: the shims record through their callbacks, and every Ray worker
+``$COATI_RELAY_COMPARE_EVENTS`` set by the caller: the shims record through their observers, and every Ray worker
 of the job installs `function_recording` first (``ray.init`` gets it as ``worker_process_setup_hook``, chained
 after a hook the script sets itself).
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import os
 import sys
 from typing import Any, Callable, Optional, Union
 
@@ -65,6 +66,7 @@ def main(argv: Optional[list] = None) -> int:
     if not recording_switch.events_dir():
         print(f"legacy_launch: set ${recording_switch.ENV} to the directory the records go to", file=sys.stderr)
         return 2
+    os.environ.update(recording_switch.recording_env(recording_switch.events_dir()))
     wrap_ray_init()
     return legacy_run.run_script(argv[0], argv[1:])
 

@@ -1,4 +1,5 @@
-"""Records of a legacy run for ``coati-relay compare``, written through the shims' own callbacks.
+"""Records of a legacy run for ``coati-relay compare``, written by callbacks the shims' trainers and makers take as
+observers (`coati_compat.observers`; `recording_switch.recording_env` names this module there).
 
 Off unless ``$COATI_RELAY_COMPARE_EVENTS`` names a directory (the compare run sets it; Ray workers inherit it). Then
 every process appends JSON lines to ``<dir>/events-<pid>.jsonl``, one object per event:

@@ -3,9 +3,18 @@ sets it; Ray workers inherit it). Imports nothing heavy: Ray workers read it in 
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Dict, Optional
+
+from coati_compat import observers
 
 ENV = "COATI_RELAY_COMPARE_EVENTS"
+RECORDER = "coati_compat.compare.recording"  # the shims' trainers and makers take its callbacks as observers
+
+
+def recording_env(directory: str) -> Dict[str, str]:
+    """The variables that turn recording on in a legacy run and its Ray workers: the records' directory, and the
+    recorder as an observer of every legacy trainer and maker (`coati_compat.observers`)."""
+    return {ENV: directory, observers.ENV: RECORDER}
 
 
 def events_dir() -> Optional[str]:

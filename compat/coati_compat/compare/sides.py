@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional
 
 import psutil
 
-from coati_compat import cpu_mode
+from coati_compat import cpu_mode, observers
 from coati_compat.compare import recording_switch
 from coati_compat.compare.process_memory import MemorySampler
 
@@ -55,7 +55,7 @@ def side_env(extra: Dict[str, str]) -> Dict[str, str]:
     """This process's environment for a side: a fresh local cluster, no CPU-mode or recording switches inherited
     (the caller adds the ones a side needs), Ray's worker logs kept apart by process."""
     env = {k: v for k, v in os.environ.items()
-           if k not in (cpu_mode.ENV, recording_switch.ENV, "RAY_ADDRESS")}
+           if k not in (cpu_mode.ENV, recording_switch.ENV, observers.ENV, "RAY_ADDRESS")}
     env.update(RAY_ADDRESS="local", RAY_DEDUP_LOGS="0", HF_HUB_OFFLINE=env.get("HF_HUB_OFFLINE", "1"),
                TOKENIZERS_PARALLELISM=env.get("TOKENIZERS_PARALLELISM", "false"))
     env.update(extra)

@@ -23,13 +23,13 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import ray
 import torch
 
-from coati_compat.compare.recording import maker_callbacks
 from coati_compat.legacy.callbacks import ExperienceMakerPerformanceEvaluator, MakerCallback
 from coati_compat.legacy.experience import Experience, split_experience_batch
 from coati_compat.legacy.experience_maker import NaiveExperienceMaker
 from coati_compat.legacy.generation import default_generate_kwargs
 from coati_compat.legacy.lora import LoRAConstructor
 from coati_compat.legacy.ray_utils import get_model_numel, set_dist_env
+from coati_compat.observers import maker_observers
 from coati_compat.shims.maker_sampler import EngineSampler, default_sampler, resolve_sampler
 from coati_compat.shims.remote import (
     LegacyActorBase,
@@ -104,7 +104,7 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
                 actor, critic, initial_model, reward_model))))
         models = self.strategy.prepare(actor, critic, reward_model, initial_model)
         self.experience_maker = NaiveExperienceMaker(*models, kl_coef=kl_coef)
-        self.callbacks += maker_callbacks(self.experience_maker)  # compare's recorder, off unless it runs
+        self.callbacks += maker_observers(self.experience_maker)  # e.g. compare's recorder, off unless it runs
         self.sampler_kind = resolve_sampler(sampler or default_sampler(), self._actor_model())
         self._sampler: Optional[EngineSampler] = None
         if self.sampler_kind != "legacy":

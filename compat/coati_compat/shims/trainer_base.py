@@ -18,10 +18,10 @@ import ray
 import torch
 from torch.utils.data import DataLoader
 
-from coati_compat.compare.recording import trainer_callbacks
 from coati_compat.deprecations import deprecated_api
 from coati_compat.legacy.callbacks import TrainerCallback
 from coati_compat.legacy.experience import BufferItem, Experience
+from coati_compat.observers import trainer_observers
 from coati_compat.shims.device_redirect import compute_device
 from coati_compat.shims.remote import LegacyActorBase, enable_debug_logging, get_named_actor
 from coati_compat.shims.replay_buffer import DetachedReplayBuffer
@@ -57,7 +57,7 @@ class DetachedTrainer(LegacyActorBase, ABC):
                             f"{experience_maker_holder_name_list!r}")
         self.detached_replay_buffer = DetachedReplayBuffer(train_batch_size, limit=buffer_limit)
         self.dataloader_pin_memory = dataloader_pin_memory
-        self.callbacks: List[TrainerCallback] = list(callbacks or []) + trainer_callbacks()  # compare's recorder
+        self.callbacks: List[TrainerCallback] = list(callbacks or []) + trainer_observers()  # e.g. compare's recorder
         self.target_holder_name_list = list(experience_maker_holder_name_list)
         self.target_holder_list: List[Any] = []
         self._is_target_holder_initialized = False

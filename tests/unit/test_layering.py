@@ -1,0 +1,72 @@
+"""DESIGN's one-way layering, checked on the source: the engine never imports the legacy layer, and the legacy runtime
+never imports the tools that sit on top of it (they observe through `coati_compat.observers` and entry points)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Iterator, Tuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ENGINE = ROOT / "backend" / "coati_relay"
+LEGACY_RUNTIME = [ROOT / "compat" / "coati_compat" / part for part in ("legacy", "shims")]
+TOOLS = ("coati_compat.compare", "coati_compat.migrate")
+
+
+def imported_modules(path: Path) -> Iterator[Tuple[int, str]]:
+    """(line, module) of every import in ``path``, function-level imports included."""
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.lineno, node.module
+
+
+def offending(roots, banned) -> list:
+    return [f"{path.relative_to(ROOT)}:{line} imports {module}"
+            for root in roots for path in sorted(root.rglob("*.py"))
+            for line, module in imported_modules(path)
+            if any(module == b or module.startswith(b + ".") for b in banned)]
+
+
+def test_the_engine_never_imports_the_legacy_layer():
+    assert list(ENGINE.rglob("*.py")), "the engine's sources were not found"
+    assert offending([ENGINE], ("coati_compat", "coati")) == []
+
+
+def test_the_legacy_runtime_never_imports_the_tools():
+    assert all(list(root.rglob("*.py")) for root in LEGACY_RUNTIME)
+    assert offending(LEGACY_RUNTIME, TOOLS) == []
+
+
+def test_the_check_sees_function_level_imports(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    from coati_compat.compare.recording import maker_callbacks\n")
+    assert list(imported_modules(source)) == [(2, "coati_compat.compare.recording")]
+
+
+def test_observers_come_from_the_modules_the_variable_names(tmp_path, monkeypatch):
+    from coati_compat import observers
+    from coati_compat.compare import recording, recording_switch
+
+    monkeypatch.delenv(observers.ENV, raising=False)
+    assert observers.trainer_observers() == [] and observers.maker_observers(object()) == []
+    for key, value in recording_switch.recording_env(str(tmp_path)).items():
+        monkeypatch.setenv(key, value)
+    (trainer,) = observers.trainer_observers()
+    (maker,) = observers.maker_observers(object())
+    assert isinstance(trainer, recording.TrainerRecorder) and isinstance(maker, recording.MakerRecorder)
+    monkeypatch.setenv(observers.ENV, "no_such_observer_module")
+    with pytest.raises(ImportError, match="COATI_RELAY_LEGACY_OBSERVERS names 'no_such_observer_module'"):
+        observers.trainer_observers()
+
+
+def test_the_demo_takes_the_legacy_row_from_the_legacy_package():
+    from importlib.metadata import entry_points
+
+    from coati_compat.demo_legacy import demo_row
+    from coati_relay.demo import DEMO_ROWS_GROUP
+
+    rows = {entry.name: entry.load() for entry in entry_points(group=DEMO_ROWS_GROUP)}
+    assert rows == {"legacy": demo_row}, "pyproject.toml registers coati_compat's row (reinstall after editing it)"
