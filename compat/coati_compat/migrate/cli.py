@@ -28,7 +28,9 @@ def _flag_pairs(pairs: List[str]) -> dict:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("legacy_script", help="the legacy launch script (read, never run)")
-    parser.add_argument("-o", "--output", default=None, help="write the migrated script here (default: stdout)")
+    parser.add_argument("-o", "--output", default=None,
+                        help="write the migrated script to this file, or into this directory under the legacy "
+                        "script's name (default: stdout)")
     parser.add_argument("--yaml", default=None, help="also write a YAML config for `coati-relay run` here")
     parser.add_argument("--set", action="append", default=[], metavar="FLAG=VALUE",
                         help="a legacy flag's value for the YAML (repeatable), e.g. --set pretrain=/models/actor")
@@ -38,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     from coati_compat.migrate.rewrite import migrate_file
 
     source = Path(args.legacy_script)
+    if args.output and Path(args.output).is_dir():
+        args.output = str(Path(args.output) / source.name)
     for out in (args.output, args.yaml):
         if out is not None and source.exists() and Path(out).resolve() == source.resolve():
             print(f"migrate: refusing to overwrite the legacy script {source}; choose another output path",

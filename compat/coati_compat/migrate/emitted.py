@@ -8,9 +8,33 @@ from __future__ import annotations
 import math
 
 from coati_compat.legacy.tables import LEGACY_STRATEGIES, plugin_config
+from coati_relay.training.plugins import PLUGINS
 
-# Legacy --trainer_strategy -> plugin_config, from the one table of legacy strategies.
-LEGACY_STRATEGY_PLUGINS = {name: plugin_config(name) for name in LEGACY_STRATEGIES}
+# colossalai 0.5's constructor defaults of the options the legacy strategies set (a test checks them against the
+# installed colossalai): what a plugin_config that leaves such an option out trains with.
+COLOSSALAI_DEFAULTS = {
+    "zero2": {"stage": 1, "precision": "fp16", "initial_scale": 2 ** 32, "growth_factor": 2, "backoff_factor": 0.5,
+              "growth_interval": 1000, "hysteresis": 2, "min_scale": 1, "max_scale": 2 ** 32, "norm_type": 2.0,
+              "reduce_bucket_size_in_m": 12, "overlap_communication": True, "cpu_offload": False},
+    "gemini": {"precision": "fp16", "placement_policy": "static", "shard_param_frac": 1.0, "offload_optim_frac": 0.0,
+               "offload_param_frac": 0.0, "search_range_m": 32, "min_chunk_size_m": 32, "pin_memory": False,
+               "force_outputs_fp32": False, "hidden_dim": None, "gpu_margin_mem_ratio": 0.0,
+               "initial_scale": 2 ** 16, "growth_factor": 2, "backoff_factor": 0.5, "growth_interval": 1000,
+               "hysteresis": 2, "min_scale": 1, "max_scale": 2 ** 32, "norm_type": 2.0},
+}
+
+
+def beyond_defaults(config):
+    """``config`` (a plugin_config) without the settings its plugin gets anyway: those equal to the engine's plugin
+    defaults or, where the engine sets none, to colossalai's."""
+    plugin = config["plugin"]
+    defaults = {**COLOSSALAI_DEFAULTS.get(plugin, {}), **PLUGINS[plugin].defaults}
+    return {k: v for k, v in config.items() if k == "plugin" or k not in defaults or defaults[k] != v}
+
+
+# Legacy --trainer_strategy -> plugin_config, from the one table of legacy strategies: the settings the legacy
+# strategy picks that its plugin would not pick by itself.
+LEGACY_STRATEGY_PLUGINS = {name: beyond_defaults(plugin_config(name)) for name in LEGACY_STRATEGIES}
 
 # Legacy LoRA replaced every nn.Linear of the model (GPT-2's attention and MLP are Conv1D, so only its lm_head).
 LORA_TARGET_MODULES = {

@@ -235,5 +235,6 @@ def _note_strategy(b: MappingContext) -> None:
                                "table, coati_compat.legacy.tables): naive and ddp -> 'ddp', colossalai_zero2 -> "
                                "'zero2', colossalai_gemini -> 'gemini'; the _cpu variants offload to CPU (cpu_offload, "
                                "offload_*_frac). ZeRO and Gemini keep the legacy fp16 and loss scale (the plugins "
-                               "default to bf16). Both need CUDA: on a CPU host add 'allow_cpu_fallback': True to "
+                               "default to bf16); settings the plugin picks by itself are left out of the table. "
+                               "Both need CUDA: on a CPU host add 'allow_cpu_fallback': True to "
                                "plugin_config to train with 'ddp'.", key="plugin_config")

@@ -97,6 +97,7 @@ def test_every_example_becomes_a_ppo_launch_with_notes(migrations, name):
 
 def test_many_roles_maps_the_ci_configuration(migrations):
     from coati_compat.legacy.tables import plugin_config
+    from coati_compat.migrate.emitted import beyond_defaults
 
     m = migrations["ppo_many_roles.py"]
     assert m.complete
@@ -105,9 +106,9 @@ def test_many_roles_maps_the_ci_configuration(migrations):
                           "4", "--train_batch_size", "2", "--prompt_path", "p.csv"])
     assert (kw["num_producers"], kw["num_consumer_procs"]) == (2, 2)
     assert (kw["inference_batch_size"], kw["inference_microbatch_size"], kw["train_batch_size"]) == (4, 4, 2)
-    assert kw["plugin_config"] == plugin_config("colossalai_gemini")  # the one table's (exact: below)
-    assert {k: kw["plugin_config"][k] for k in ("plugin", "precision", "initial_scale", "placement_policy")} == \
-        {"plugin": "gemini", "precision": "fp16", "initial_scale": 32, "placement_policy": "static"}
+    # the one table's, without what the plugin picks by itself (placement "static" is Gemini's default)
+    assert kw["plugin_config"] == beyond_defaults(plugin_config("colossalai_gemini"))
+    assert kw["plugin_config"] == {"plugin": "gemini", "precision": "fp16", "initial_scale": 32, "pin_memory": True}
     assert kw["inference_model_config"] == {"path": "/m/opt-350m"} == {"path": kw["train_model_config"]["path"]}
     assert kw["critic_model_config"] == kw["reward_model_config"] == {"path": "/m/opt-125m"}
     assert kw["train_dataset_config"] == {"path": "p.csv", "max_length": 64}
@@ -124,28 +125,56 @@ def test_many_roles_maps_the_ci_configuration(migrations):
 
 def test_every_strategy_choice_translates(migrations):
     """Every legacy --trainer_strategy becomes the plugin_config of the one table (coati_compat.legacy.tables),
-    which keeps the legacy fp16 and loss scale of ZeRO and Gemini, and the engine accepts each."""
+    which keeps the legacy fp16 and loss scale of ZeRO and Gemini, written without the settings the plugin picks by
+    itself; the engine accepts each."""
     from coati_compat.legacy.tables import LEGACY_STRATEGIES, plugin_config
+    from coati_compat.migrate.emitted import beyond_defaults
     from coati_relay.training.plugins import resolve_plugin
 
     m = migrations["ppo_many_roles.py"]
     got = {name: m.launch_kwargs({"trainer_strategy": name})["plugin_config"] for name in LEGACY_STRATEGIES}
-    assert got == {name: plugin_config(name) for name in LEGACY_STRATEGIES}
+    assert got == {name: beyond_defaults(plugin_config(name)) for name in LEGACY_STRATEGIES}
     assert got["naive"] == got["ddp"] == {"plugin": "ddp"}
-    scale = {"growth_factor": 2, "backoff_factor": 0.5, "growth_interval": 1000, "hysteresis": 2, "min_scale": 1,
-             "max_scale": 2 ** 32, "norm_type": 2.0}  # the legacy strategies' loss scale (max_norm 0: no clipping)
-    zero = {"plugin": "zero2", "stage": 2, "precision": "fp16", "reduce_bucket_size_in_m": 12.0,
-            "overlap_communication": True, "initial_scale": 2 ** 16, **scale}
-    assert got["colossalai_zero2"] == {**zero, "cpu_offload": False}
+    zero = {"plugin": "zero2", "precision": "fp16", "initial_scale": 2 ** 16}  # the legacy fp16 and loss scale
+    assert got["colossalai_zero2"] == zero
     assert got["colossalai_zero2_cpu"] == {**zero, "cpu_offload": True}
-    gemini = {"plugin": "gemini", "precision": "fp16", "initial_scale": 32, "placement_policy": "static",
-              "shard_param_frac": 1.0, "search_range_m": 32, "min_chunk_size_m": 32, "pin_memory": True,
-              "force_outputs_fp32": False, "hidden_dim": None, "gpu_margin_mem_ratio": 0.0, **scale}
-    assert got["colossalai_gemini"] == {**gemini, "offload_param_frac": 0.0, "offload_optim_frac": 0.0}
+    gemini = {"plugin": "gemini", "precision": "fp16", "initial_scale": 32, "pin_memory": True}
+    assert got["colossalai_gemini"] == gemini
     assert got["colossalai_gemini_cpu"] == {**gemini, "offload_param_frac": 1.0, "offload_optim_frac": 1.0}
     for config in got.values():
         options = dict(config)
         resolve_plugin(options.pop("plugin"), options, allow_cpu_fallback=True)
+
+
+@pytest.mark.parametrize("name", ["colossalai_zero2", "colossalai_zero2_cpu", "colossalai_gemini",
+                                  "colossalai_gemini_cpu"])
+def test_a_shortened_strategy_builds_the_plugin_the_whole_one_builds(name):
+    """The plugin's constructor gets the same arguments from the migrated script's short plugin_config as from every
+    setting the legacy strategy picks: the left-out ones are the engine's defaults or the installed colossalai's."""
+    import inspect
+
+    from colossalai.booster.plugin import GeminiPlugin, LowLevelZeroPlugin
+
+    from coati_compat.legacy.tables import plugin_config
+    from coati_compat.migrate.emitted import COLOSSALAI_DEFAULTS, beyond_defaults
+    from coati_relay.training.plugins import resolve_plugin
+
+    classes = {"zero2": LowLevelZeroPlugin, "gemini": GeminiPlugin}
+    for plugin, defaults in COLOSSALAI_DEFAULTS.items():
+        parameters = inspect.signature(classes[plugin]).parameters
+        assert defaults == {k: parameters[k].default for k in defaults}, plugin
+
+    def constructor_arguments(config):
+        options = dict(config)
+        plugin = options.pop("plugin")
+        used, resolved = resolve_plugin(plugin, options, cuda_available=True)
+        bound = inspect.signature(classes[used]).bind(**resolved)
+        bound.apply_defaults()
+        return used, bound.arguments
+
+    whole = plugin_config(name)
+    assert len(beyond_defaults(whole)) < len(whole)
+    assert constructor_arguments(beyond_defaults(whole)) == constructor_arguments(whole)
 
 
 def test_lora_rank_becomes_a_peft_adapter_with_the_legacy_scaling(migrations):
@@ -274,6 +303,10 @@ def test_cli_writes_script_and_yaml_and_reports(tmp_path, capsys):
     assert main([str(odd), "-o", str(tmp_path / "odd_new.py")]) == EXIT_PARTIAL
     assert "NOT TRANSLATED" in capsys.readouterr().err
     assert main([str(odd), "-o", str(odd)]) == EXIT_BAD_INPUT and odd.read_text() == ODD_SCRIPT
+    assert main([str(odd), "-o", str(tmp_path)]) == EXIT_BAD_INPUT, "a directory: the legacy script's own path"
+    into = tmp_path / "migrated"
+    into.mkdir()
+    assert main([str(odd), "-o", str(into)]) == EXIT_PARTIAL and (into / "odd.py").read_text().startswith('"""odd')
     assert main([str(tmp_path / "missing.py")]) == EXIT_BAD_INPUT
     assert main([str(LEGACY / "ppo_many_roles.py"), "--yaml", str(cfg), "--set", "nope"]) == EXIT_BAD_INPUT
 

@@ -16,5 +16,4 @@ def test_migrated_example_is_current(legacy):
     migrated = ROOT / "examples" / "migrated" / legacy.name
     assert migrated.is_file(), f"run: coati-relay migrate {legacy.relative_to(ROOT)} -o {migrated.relative_to(ROOT)}"
     assert migrate_file(legacy).script == migrated.read_text(), (
-        f"{migrated.name} is stale; run: coati-relay migrate examples/legacy/{legacy.name} -o examples/migrated/"
-        f"{legacy.name}")
+        f"{migrated.name} is stale; run: coati-relay migrate examples/legacy/{legacy.name} -o examples/migrated/")
