@@ -89,9 +89,9 @@ def run_colocated(cfg: RunConfig, start_round: int) -> Any:
 
 def _run(cfg: RunConfig, start_round: int) -> Any:
     from coati_relay.consumer import ConsumerWorker
-    from coati_relay.launch import RunResult
     from coati_relay.metrics import MetricsLogger, ProgressBar, run_summary
     from coati_relay.producer import ProducerWorker
+    from coati_relay.run_result import RunResult
     from coati_relay.trackers import open_run_trackers
 
     t_start = time.perf_counter()

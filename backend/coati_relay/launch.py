@@ -12,13 +12,12 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from coati_relay.config import build_run_config
 from coati_relay.environ import restore_environ
 from coati_relay.run_config import RunConfig
+from coati_relay.run_result import RunResult
 
 log = logging.getLogger(__name__)
 
@@ -37,19 +36,6 @@ class RunFailed(RuntimeError):
     def __init__(self, message: str, counters: Optional[Dict[str, Any]] = None):
         super().__init__(message)
         self.counters = counters or {}
-
-
-@dataclass
-class RunResult:
-    history: List[Dict[str, Any]]
-    checkpoints: List[str]
-    run_dir: Path
-    summary: Dict[str, Any]
-    counters: Dict[str, Any]
-    producer_stats: List[Dict[str, Any]] = field(default_factory=list)
-    setup_s: float = 0.0
-    nodes: Dict[str, str] = field(default_factory=dict)  # role or service ("producer-0", "weight-store") -> node id
-    # (empty in a colocated run, which has no Ray nodes)
 
 
 def launch_distributed(**kwargs: Any) -> RunResult:

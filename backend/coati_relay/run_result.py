@@ -1,0 +1,20 @@
+"""`RunResult`: what `launch_distributed` returns, from a run on Ray (`coati_relay.launch`) or one colocated in the
+driver's process (`coati_relay.colocated`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List
+
+
+@dataclass
+class RunResult:
+    history: List[Dict[str, Any]]
+    checkpoints: List[str]
+    run_dir: Path
+    summary: Dict[str, Any]
+    counters: Dict[str, Any]
+    producer_stats: List[Dict[str, Any]] = field(default_factory=list)
+    setup_s: float = 0.0
+    nodes: Dict[str, str] = field(default_factory=dict)  # role or service ("producer-0", "weight-store") -> node id
+    # (empty in a colocated run, which has no Ray nodes)
