@@ -37,7 +37,6 @@ from typing import Any, Callable, Optional
 
 ROOT = "coati"
 LEGACY_WINS = "coati.ray"  # V2 ships this package, but it cannot be imported there: the legacy one replaces it
-LEGACY_NAMES_ENV = "COATI_RELAY_LEGACY_NAMES"
 
 
 class _LegacyPaths:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from coati_compat.finder import LEGACY_NAMES_ENV
+LEGACY_NAMES_ENV = "COATI_RELAY_LEGACY_NAMES"
 
 LEGACY_VALUES = ("1", "true", "yes")
 FINAL_VALUES = ("final", "be400a093")
