@@ -120,7 +120,8 @@ class VLLMBackend:
             raise ValueError(f"VLLMBackend: logprobs_mode must be 'processed_logprobs' (the log-probs of the "
                              f"distribution sampled from), got {mode!r}")
         on_cpu = self.device.type == "cpu"
-        _cpu_env_defaults(sized=on_cpu and ("kv_cache_memory_bytes" in llm_kwargs or max_rows is not None))
+        sized = on_cpu and ("kv_cache_memory_bytes" in llm_kwargs or max_rows is not None)  # a CPU cache of a size
+        _cpu_env_defaults(sized)
         import vllm
 
         self.vllm_version = Version(vllm.__version__)
@@ -149,7 +150,7 @@ class VLLMBackend:
         self.sleeps = bool(kwargs.get("enable_sleep_mode"))
         self.asleep = False
         start = time.perf_counter()
-        with without_kvcache_env() if on_cpu and self.kv_cache_bytes is not None else contextlib.nullcontext():
+        with without_kvcache_env() if sized else contextlib.nullcontext():
             self.llm = vllm.LLM(**kwargs)
         self.start_seconds = time.perf_counter() - start
         model_config = self.llm.llm_engine.model_config
