@@ -79,12 +79,11 @@ def run_demo(out_dir: str = "runs/demo", rounds: int = 20, backend: Optional[str
         rows.append({"run": f"{algo} (new API)", **result.summary})
         run_dirs.append(run_dir)
     if legacy:
-        rows_before = len(rows)
-        for entry in entry_points(group=DEMO_ROWS_GROUP):
-            rows.append(entry.load()(model, out))
-            run_dirs.append(Path(rows[-1]["run_dir"]))
-        if len(rows) == rows_before:
+        added = [entry.load()(model, out) for entry in entry_points(group=DEMO_ROWS_GROUP)]
+        if not added:
             print("[demo] the legacy row needs coati_compat (the compat/ package), which is not installed: skipped")
+        rows += added
+        run_dirs += [Path(row["run_dir"]) for row in added]
     print()
     print(summary_table(rows, ["run", "steps", "samples_per_s", "reward_start", "reward_end",
                                "weight_sync_s_per_step", "wall_s"]))
