@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv-gpu with the CUDA working set of the GPU test lane (README "GPU test lane"; `make test-gpu` calls
 # it). Idempotent: a stamp holding the hash of this script and pyproject.toml skips everything when nothing changed.
-# Needs an NVIDIA driver, and the CUDA toolkit (nvcc) for HybridAdam's kernel, which it builds once (Gemini and CPU
+# Needs an NVIDIA driver, and the CUDA toolkit (nvcc) for HybridAdam's kernels, which it builds once (Gemini and CPU
 # offload use HybridAdam; the other plugins step torch's fused AdamW).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,8 +43,9 @@ pip_install --no-deps --no-build-isolation -e .
 "$VENV/bin/python" -c "import torch, vllm; assert torch.cuda.is_available(), 'torch sees no CUDA device'; \
 print(f'[setup-gpu] torch {torch.__version__} (CUDA {torch.version.cuda}), {torch.cuda.device_count()} device(s), \
 vLLM {vllm.__version__}')" >&2
-echo "[setup-gpu] HybridAdam's CUDA kernel, built once here (about 60 s) so that no run builds it at start-up" >&2
-"$VENV/bin/python" -m coati_relay.training.kernels || echo "[setup-gpu] warning: HybridAdam's kernel was not" \
-  "built; runs with Gemini or CPU offload will build it on their first step" >&2
+echo "[setup-gpu] HybridAdam's kernels (fused_optim_cuda, cpu_adam), built once here (about 90 s) so that no run" \
+  "builds one at start-up" >&2
+"$VENV/bin/python" -m coati_relay.training.kernels || echo "[setup-gpu] warning: HybridAdam's kernels were not" \
+  "built; runs with Gemini or CPU offload will build them on their first step" >&2
 echo "$want" > "$stamp"
 echo "[setup-gpu] done" >&2

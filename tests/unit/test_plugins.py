@@ -151,7 +151,40 @@ def test_the_kernel_build_refuses_a_host_without_cuda(monkeypatch, caplog):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="no CUDA device"):
-        kernels.build_hybrid_adam_kernel()
+        kernels.build_hybrid_adam_kernels()
     with caplog.at_level("ERROR", logger=kernels.__name__):
         assert kernels.main() == 1
-    assert "was not built" in caplog.text
+    assert "were not built" in caplog.text
+
+
+def test_the_kernel_build_loads_every_kernel_hybrid_adam_loads(monkeypatch):
+    """On a CUDA host, the kernels module loads (building where needed) every kernel that constructing HybridAdam
+    loads: with one of them missing, the first run JIT-builds it (cpu_adam_x86: 31 s). The loaders are replaced by
+    a recorder, so the CPU shows which kernels each side asks for."""
+    import types
+
+    import torch
+
+    pytest.importorskip("colossalai")
+    from colossalai.kernel.kernel_loader import KernelLoader
+    from colossalai.nn.optimizer import hybrid_adam
+
+    from coati_relay.training import kernels
+
+    loaded = []
+    fake_op = types.SimpleNamespace(CPUAdamOptimizer=lambda *args: object(), multi_tensor_adam=object())
+
+    def record(self, ext_name=None):
+        loaded.append(type(self).__name__)
+        return fake_op
+
+    monkeypatch.setattr(KernelLoader, "load", record)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(hybrid_adam, "get_current_device", lambda: torch.device("cpu"))
+    hybrid_adam.HybridAdam([torch.nn.Parameter(torch.zeros(2))], lr=1e-3)
+    by_hybrid_adam, loaded[:] = list(loaded), []
+    assert set(by_hybrid_adam) == {"CPUAdamLoader", "FusedOptimizerLoader"}, by_hybrid_adam
+    built = kernels.build_hybrid_adam_kernels()
+    assert sorted(loaded) == sorted(by_hybrid_adam), f"built {loaded}, HybridAdam loads {by_hybrid_adam}"
+    assert sorted(built) == sorted(by_hybrid_adam)
+    assert kernels.hybrid_adam_loaders(cuda=True) == by_hybrid_adam
