@@ -11,14 +11,14 @@ checkpoints are the same code as in the disaggregated run (`coati_relay.launch`)
   on the CPU it packs each linear weight into its GEMM kernel's layout after loading, so it cannot read the training
   model's parameters); after each round the consumer hands the trained weights to it directly
   (`InProcessPublisher`): a copy in memory and the engine's reload, no serialisation or transfer. On CUDA the
-  engine starts on what the trainer left of the GPU (`colocated_engine_kwargs`) and sleeps while the policy trains
+  engine starts on what the trainer left of the GPU, less what its optimizer state and gradients will take
+  at the first step (`colocated_engine_kwargs`, `training_reserve_bytes`), and sleeps while the policy trains
   (``enable_sleep_mode``: its weights go to host memory, its KV cache is freed); the publisher wakes it before
   loading the trained weights.
 """
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from dataclasses import replace
@@ -54,25 +54,36 @@ class InProcessPublisher:
         return {"weight_publish_s": time.perf_counter() - t0}
 
 
-# Share of the GPU memory left after the trainer loaded that a colocated vLLM engine takes (the rest: activations
-# of the forwards without gradient that run while it is awake, allocator slack).
-ENGINE_SHARE_OF_FREE = 0.85
-
-
-def colocated_engine_kwargs(kwargs: Dict[str, Any], free_bytes: int, total_bytes: int) -> Dict[str, Any]:
+def colocated_engine_kwargs(kwargs: Dict[str, Any], free_bytes: int, total_bytes: int,
+                            reserve_bytes: int = 0) -> Dict[str, Any]:
     """A colocated vLLM engine's keywords on CUDA: ``enable_sleep_mode`` (it sleeps while the policy trains) and,
     unless the user sized the engine (``gpu_memory_utilization``, ``kv_cache_memory_bytes``), a
-    ``gpu_memory_utilization`` (a fraction of the whole GPU, as vLLM reads it) of `ENGINE_SHARE_OF_FREE` of what
-    the trainer left free: vLLM's default 0.9 of the GPU does not fit beside a loaded trainer."""
+    ``gpu_memory_utilization`` (a fraction of the whole GPU, as vLLM reads it) of
+    `gpu_share.ENGINE_SHARE_OF_FREE` of what the trainer left free less ``reserve_bytes``, what training allocates
+    from its first step on (`training_reserve_bytes`): vLLM's default 0.9 of the GPU does not fit beside a loaded
+    trainer, nor does a share of the free memory that the optimizer state takes at step 1."""
+    from coati_relay.inference.gpu_share import engine_memory_utilization
+
     out = {"enable_sleep_mode": True, **kwargs}
     if "gpu_memory_utilization" not in out and "kv_cache_memory_bytes" not in out:
-        share = math.floor(100 * ENGINE_SHARE_OF_FREE * free_bytes / total_bytes) / 100
+        share = engine_memory_utilization(free_bytes, total_bytes, reserve_bytes)
         if share < 0.05:
             raise RuntimeError(f"colocated vLLM: the trainer left {free_bytes / 2**30:.1f} of "
-                               f"{total_bytes / 2**30:.1f} GiB free on the GPU, too little for the engine; use a "
-                               f"smaller model or batch, a plugin that shards (zero2, gemini), or colocate=False")
+                               f"{total_bytes / 2**30:.1f} GiB free on the GPU and its optimizer state and gradients "
+                               f"will take {reserve_bytes / 2**30:.1f} GiB of it, too little for the engine; use a "
+                               f"smaller model or batch, a plugin that shards or offloads (zero2, gemini, "
+                               f"cpu_offload), or colocate=False")
         out["gpu_memory_utilization"] = share
     return out
+
+
+def training_reserve_bytes(backends: Dict[str, Any]) -> int:
+    """What the consumer's training backends (name -> `TrainingBackend`) will add to the device from their first
+    step on: `step_state_bytes` of each one's trainable parameters, under its plugin, on its one rank."""
+    from coati_relay.training.step_memory import step_state_bytes, trainable_parameters
+
+    return sum(step_state_bytes(trainable_parameters([b.unwrapped()]), b.plugin_name or "ddp", b.plugin_options)
+               for b in backends.values())
 
 
 def run_colocated(cfg: RunConfig, start_round: int) -> Any:
@@ -103,7 +114,11 @@ def _run(cfg: RunConfig, start_round: int) -> Any:
                            f"read round {start_round}; resume_from points at an inconsistent checkpoint")
     if cfg.roles.inference_backend == "vllm" and torch.cuda.is_available():  # the trainer loaded first
         free, total = torch.cuda.mem_get_info()
-        kwargs = colocated_engine_kwargs(cfg.models.inference_model_kwargs, free, total)
+        reserve = training_reserve_bytes(consumer.backends)
+        kwargs = colocated_engine_kwargs(cfg.models.inference_model_kwargs, free, total, reserve)
+        log.info("colocated vLLM: %.1f of %.1f GiB free after set-up, %.1f GiB kept for the optimizer state and "
+                 "gradients; the engine gets gpu_memory_utilization %s", free / 2**30, total / 2**30,
+                 reserve / 2**30, kwargs.get("gpu_memory_utilization"))
         cfg = replace(cfg, models=replace(cfg.models, inference_model_kwargs=kwargs))
     producer = ProducerWorker(0, cfg, queue=None, weight_store=None, start_version=start_round)
     producer.setup_colocated(policy)
