@@ -33,6 +33,7 @@ from coati_compat.observers import maker_observers
 from coati_compat.shims.maker_sampler import EngineSampler, default_sampler, resolve_sampler
 from coati_compat.shims.remote import (
     LegacyActorBase,
+    build_strategy,
     enable_debug_logging,
     get_named_actor,
     in_ray_actor,
@@ -93,7 +94,7 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
             raise ValueError("detached_trainer_name_list must be a non-empty list of trainer names, got "
                              f"{detached_trainer_name_list!r}")
         self.target_trainer_name_list, self.target_trainer_list = list(detached_trainer_name_list), []
-        self.strategy = strategy_fn()
+        self.strategy = build_strategy(strategy_fn, "ExperienceMakerHolder")
         self.buffer_cpu_offload, self.kl_coef, self.wait_timeout_s = buffer_cpu_offload, kl_coef, float(wait_timeout_s)
         with self.strategy.model_init_context():
             actor, critic, reward_model, initial_model = model_fn()
@@ -214,6 +215,12 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
             raise ValueError(f"a dataloader batch must be a Tensor of input ids or a dict of model inputs, got "
                              f"{type(inputs).__name__}")
         inputs = {"input_ids": inputs} if isinstance(inputs, torch.Tensor) else inputs
+        max_length, ids = self.generate_kwargs.get("max_length"), inputs.get("input_ids")
+        if isinstance(max_length, int) and isinstance(ids, torch.Tensor) and ids.dim() == 2 and \
+                max_length <= ids.size(1):
+            raise ValueError(f"max_length={max_length} leaves no token to generate after prompts of {ids.size(1)} "
+                             "tokens: max_length counts the prompt and the response; give the maker a max_length "
+                             "above the longest prompt (or shorten the prompts)")
         return self.experience_maker.make_experience(**inputs, **self.generate_kwargs)
 
     def _inference_step(self, batch: Any) -> None:

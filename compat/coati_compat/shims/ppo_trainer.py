@@ -30,13 +30,32 @@ from coati_compat.legacy.lora import LoRAConstructor
 from coati_compat.legacy.losses import PolicyLoss, ValueLoss
 from coati_compat.legacy.ray_utils import get_model_numel, set_dist_env, state_dict_to
 from coati_compat.legacy.tables import LEGACY_LR
-from coati_compat.shims.remote import legacy_actor_class
-from coati_compat.shims.trainer_base import TRAINER_CONCURRENCY_GROUPS, DetachedTrainer
+from coati_compat.shims.remote import build_strategy, legacy_actor_class
+from coati_compat.shims.trainer_base import TRAINER_CONCURRENCY_GROUPS, DetachedTrainer, check_count
 from coati_relay.training.plugins import build_optimizer
 from coati_relay.waiting import get_within
 from coati_relay.weight_sync import put_packed
 
 logger = logging.getLogger(__name__)
+
+
+class WeightPushError(RuntimeError):
+    """A weight push failed on some experience makers; the others received it whole (chunk_end included)."""
+
+    def __init__(self, failed: Dict[str, BaseException], version: int, completed: List[str]) -> None:
+        self.failed = failed
+        causes = "; ".join(f"{name!r}: {_cause(exc)}" for name, exc in failed.items())
+        super().__init__(f"weight push {version} failed on experience maker(s) {sorted(failed)} ({causes}). The "
+                         f"push was closed (chunk_end) on the makers that opened it, so {completed} go on generating "
+                         "with it; restart or remove the failed makers")
+
+
+def _cause(exc: BaseException) -> str:
+    from ray.exceptions import RayActorError
+
+    if isinstance(exc, RayActorError):
+        return "the actor died"
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}"
 
 
 def _check_lr(name: str, value: Any) -> float:
@@ -64,9 +83,10 @@ class DetachedPPOTrainerImpl(DetachedTrainer):
                  eval_performance: bool = False, debug: bool = False, update_lora_weights: bool = False, *,
                  actor_lr: float = LEGACY_LR, critic_lr: float = LEGACY_LR, rpc_timeout_s: float = 600.0) -> None:
         actor_lr, critic_lr = _check_lr("actor_lr", actor_lr), _check_lr("critic_lr", critic_lr)
+        check_count("DetachedPPOTrainer", "train_batch_size", train_batch_size, 1)  # before any model is built
         if env_info:
             set_dist_env(env_info)
-        self.strategy = strategy_fn()
+        self.strategy = build_strategy(strategy_fn, "DetachedPPOTrainer")
         with self.strategy.model_init_context():
             actor, critic = model_fn()
         callbacks = list(callbacks or [])
@@ -129,28 +149,50 @@ class DetachedPPOTrainerImpl(DetachedTrainer):
     @ray.method(concurrency_group="model_io")
     @torch.no_grad()
     def _update_remote_makers(self, fully_update: bool = False, **config: Any) -> None:
-        """chunk_start on every maker (each takes its model lock), the actor and critic shards, then chunk_end."""
+        """chunk_start on every maker (each takes its model lock), the actor and critic shards, then chunk_end.
+
+        A maker whose chunk_start fails (it died) gets nothing more, but every maker that opened the push gets its
+        chunk_end, so the others go on generating; the push then raises `WeightPushError`
+        naming the failed makers."""
         if not fully_update:
             config["requires_grad_only"] = True
         self.update_target_holder_list()
-        holders = self.target_holder_list
-        timeout, what = self.rpc_timeout_s, "weight push to the experience makers"
-        get_within([h.update_experience_maker.remote(chunk_start=True, fully_update=fully_update) for h in holders],
-                  timeout, what)
-        refs = []
-        if holders:
+        names = self.target_holder_name_list
+        if len(names) != len(self.target_holder_list):  # handles set without their names
+            names = [f"#{i}" for i in range(len(self.target_holder_list))]
+        holders = dict(zip(names, self.target_holder_list))
+        failed: Dict[str, BaseException] = {}
+        opened = self._settle({n: [h.update_experience_maker.remote(chunk_start=True, fully_update=fully_update)]
+                               for n, h in holders.items()}, failed)
+        refs: Dict[str, List[Any]] = {n: [] for n in opened}
+        if opened:
             for key, model in (("actor", self.actor), ("critic", self.critic)):
                 lora_config = self._get_model_lora_config_dict(model)
                 for shard in self._get_model_state_dict_shard(model, fully_update=fully_update, **config):
                     shard_ref, _ = put_packed(shard)  # one flat copy in the object store for every maker
-                    refs += [h.update_experience_maker.remote(
-                        **{f"new_{key}_state_dict": shard_ref, f"new_{key}_lora_config_dict": lora_config},
-                        fully_update=fully_update) for h in holders]
-        get_within(refs, timeout, what)
-        get_within([h.update_experience_maker.remote(chunk_end=True, fully_update=fully_update) for h in holders],
-                  timeout, what)
+                    for name in opened:
+                        refs[name].append(holders[name].update_experience_maker.remote(
+                            **{f"new_{key}_state_dict": shard_ref, f"new_{key}_lora_config_dict": lora_config},
+                            fully_update=fully_update))
+        self._settle(refs, failed)
+        self._settle({n: [holders[n].update_experience_maker.remote(chunk_end=True, fully_update=fully_update)]
+                      for n in opened}, failed)
+        if failed:
+            raise WeightPushError(failed, self.weight_version + 1, [n for n in holders if n not in failed])
         self.weight_version += 1
         self.detached_replay_buffer.version = self.weight_version
+
+    def _settle(self, refs: Dict[str, List[Any]], failed: Dict[str, BaseException]) -> List[str]:
+        """Waits (``rpc_timeout_s`` each) for every maker's calls; records a maker's first error in ``failed``.
+        Returns the makers whose calls all succeeded."""
+        done = []
+        for name, calls in refs.items():
+            try:
+                get_within(calls, self.rpc_timeout_s, f"weight push to experience maker {name!r}")
+                done.append(name)
+            except Exception as exc:  # RayActorError (died), RayTaskError (a load raised), TimeoutError
+                failed.setdefault(name, exc)
+        return done
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
     def strategy_save_actor(self, path: str, only_rank0: bool = False) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 import warnings
 from typing import Any, ClassVar, Dict, Tuple
 
@@ -51,16 +52,51 @@ def legacy_namespace() -> str:
     return namespace
 
 
-def get_named_actor(name: str, role: str) -> Any:
-    """``ray.get_actor(name, namespace=$RAY_NAMESPACE)`` with an error that says what is missing."""
+LOOKUP_WAIT_S = 5.0  # how long a lookup waits for a named actor that is not there (yet)
+
+
+def get_named_actor(name: str, role: str, wait_s: float = LOOKUP_WAIT_S) -> Any:
+    """``ray.get_actor(name, namespace=$RAY_NAMESPACE)``, waiting at most ``wait_s`` for an actor of that name to
+    appear (the driver may create it a moment later); then an error that names what is missing and where it is."""
     import ray
 
     namespace = legacy_namespace()
-    try:
-        return ray.get_actor(name, namespace=namespace)
-    except ValueError as exc:
-        raise RuntimeError(f"no live {role} named {name!r} in Ray namespace {namespace!r}: create it with "
-                           f".options(name={name!r}) in that namespace before it is needed") from exc
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return ray.get_actor(name, namespace=namespace)
+        except ValueError as exc:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(_missing_actor_text(name, role, namespace, wait_s)) from exc
+        time.sleep(0.2)
+
+
+def _missing_actor_text(name: str, role: str, namespace: str, wait_s: float) -> str:
+    import ray
+
+    named = ray.util.list_named_actors(all_namespaces=True)
+    here = sorted(a["name"] for a in named if a["namespace"] == namespace)
+    elsewhere = sorted(a["namespace"] for a in named if a["name"] == name and a["namespace"] != namespace)
+    text = (f"no live {role} named {name!r} in Ray namespace {namespace!r} (waited {wait_s:.0f}s; the named actors "
+            f"there: {here}). ")
+    if elsewhere:
+        return text + (f"An actor {name!r} lives in namespace {elsewhere[0]!r}: run every role with the same "
+                       "RAY_NAMESPACE")
+    return text + (f"Create the {role} with .options(name={name!r}) in that namespace before it is needed, or correct "
+                   "the name in the list of names given to this role")
+
+
+def build_strategy(strategy_fn: Any, who: str) -> Any:
+    """``strategy_fn()``, checked to be a legacy strategy (it has ``model_init_context`` and ``prepare``)."""
+    if not callable(strategy_fn):
+        raise TypeError(f"{who}: strategy_fn must be a callable that returns a strategy (e.g. NaiveStrategy, or "
+                        f"lambda: DDPStrategy()), got {type(strategy_fn).__name__} {strategy_fn!r:.80}")
+    strategy = strategy_fn()
+    missing = [m for m in ("model_init_context", "prepare") if not callable(getattr(strategy, m, None))]
+    if missing:
+        raise TypeError(f"{who}: strategy_fn returned {type(strategy).__name__} {strategy!r:.80}, not a strategy "
+                        f"(it lacks {missing}); return one of coati.trainer.strategies (e.g. NaiveStrategy())")
+    return strategy
 
 
 def cluster_resources() -> Tuple[float, float]:

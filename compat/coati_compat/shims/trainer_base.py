@@ -32,9 +32,9 @@ TRAINER_CONCURRENCY_GROUPS = {"buffer_length": 1, "buffer_append": 1, "buffer_sa
                               "compute": 1}
 
 
-def _check_count(name: str, value: Any, low: int) -> None:
+def check_count(who: str, name: str, value: Any, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"fit: {name} must be an int >= {low}, got {value!r}")
+        raise ValueError(f"{who}: {name} must be an int >= {low}, got {value!r}")
 
 
 @deprecated_api("coati.ray.detached_trainer_base.DetachedTrainer")
@@ -55,6 +55,7 @@ class DetachedTrainer(LegacyActorBase, ABC):
                 isinstance(n, str) for n in experience_maker_holder_name_list):
             raise TypeError("experience_maker_holder_name_list must be a list of actor names (str), got "
                             f"{experience_maker_holder_name_list!r}")
+        check_count(type(self).__name__, "train_batch_size", train_batch_size, 1)
         self.detached_replay_buffer = DetachedReplayBuffer(train_batch_size, limit=buffer_limit)
         self.dataloader_pin_memory = dataloader_pin_memory
         self.callbacks: List[TrainerCallback] = list(callbacks or []) + trainer_observers()  # e.g. compare's recorder
@@ -113,9 +114,9 @@ class DetachedTrainer(LegacyActorBase, ABC):
     def fit(self, total_steps: int, update_steps: int, train_epochs: int = 1) -> None:
         """``total_steps // update_steps`` episodes of ``update_steps`` sampled batches trained ``train_epochs``
         times, each followed by one weight push."""
-        _check_count("total_steps", total_steps, 0)
-        _check_count("update_steps", update_steps, 1)
-        _check_count("train_epochs", train_epochs, 1)
+        check_count("fit", "total_steps", total_steps, 0)
+        check_count("fit", "update_steps", update_steps, 1)
+        check_count("fit", "train_epochs", train_epochs, 1)
         buffer = self.detached_replay_buffer
         buffer.set_throttle(True)
         try:
