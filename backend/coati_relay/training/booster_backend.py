@@ -5,13 +5,14 @@ plugin needs it (`plugins.optimizer_kind`: Gemini, CPU offload). Where colossala
 does the same job (DDP when the process group has more than one rank). `TrainingBackend.around`
 takes a model and optimizer built elsewhere instead. Under the plugins that keep no fp32 master weights (``ddp``, no
 plugin) fp16/bf16 models step fp32 masters (`coati_relay.training.master_weights`); every backward and step checks
-for non-finite values (`coati_relay.training.finite_checks`). Model and optimizer files: `checkpoint_files`.
+for non-finite values (`coati_relay.training.finite_checks`). Model and optimizer files: `checkpoint_files`. Under
+Gemini, `coati_relay.training.gemini_guards`: tied aliases load, one backward a step unless Gemini accumulates, no
+read of its parameters outside its hooks.
 """
 from __future__ import annotations
 
 import importlib.util
 import logging
-import math
 import os
 import sys
 from pathlib import Path
@@ -25,9 +26,11 @@ from coati_relay.devices import accelerator_device
 
 from . import checkpoint_files
 from .distributed import ensure_single_process_group
-from .finite_checks import check_losses, check_weights
+from .finite_checks import check_gradient_chunks, check_losses, check_weights
+from .gemini_guards import GEMINI, AliasLoad, GeminiStepGuard
 from .master_weights import find_master_optimizer, with_master_weights
 from .plugins import build_optimizer, build_plugin, resolve_plugin
+from .schedule import WarmupSchedule, check_args
 
 logger = logging.getLogger(__name__)
 
@@ -65,44 +68,6 @@ def load_causal_lm(path: Union[str, os.PathLike], dtype: torch.dtype = torch.flo
                         target_modules=lora.get("target_modules"), lora_dropout=lora.get("dropout", 0.0),
                         task_type="CAUSAL_LM")
     return get_peft_model(model, config)
-
-
-class WarmupSchedule:
-    """LR factor per step: linear warmup to 1 over ``warmup_steps``, then constant or cosine down to
-    ``min_lr_ratio`` at ``total_steps``. A plain object so that `LambdaLR.state_dict` records its fields."""
-
-    def __init__(self, kind: str, warmup_steps: int, total_steps: Optional[int], min_lr_ratio: float) -> None:
-        self.kind, self.warmup_steps = kind, warmup_steps
-        self.total_steps, self.min_lr_ratio = total_steps, min_lr_ratio
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
-        if self.kind == "constant":
-            return 1.0
-        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
-        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def _check_args(lr: float, weight_decay: float, betas: Tuple[float, float], max_grad_norm: Optional[float],
-                scheduler: Optional[str], total_steps: Optional[int], warmup_steps: int, min_lr_ratio: float) -> None:
-    if not isinstance(lr, (int, float)) or not lr > 0:
-        raise ValueError(f"TrainingBackend: lr must be a positive number, got {lr!r}")
-    if weight_decay < 0:
-        raise ValueError(f"TrainingBackend: weight_decay must be >= 0, got {weight_decay}")
-    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
-        raise ValueError(f"TrainingBackend: betas must be two numbers in [0, 1), got {betas!r}")
-    if max_grad_norm is not None and not max_grad_norm > 0:
-        raise ValueError(f"TrainingBackend: max_grad_norm must be > 0 or None, got {max_grad_norm}")
-    if scheduler not in (None, "constant", "cosine"):
-        raise ValueError(f"TrainingBackend: scheduler must be None, 'constant' or 'cosine', got {scheduler!r}")
-    if warmup_steps < 0:
-        raise ValueError(f"TrainingBackend: warmup_steps must be >= 0, got {warmup_steps}")
-    if scheduler == "cosine" and (total_steps is None or total_steps <= warmup_steps):
-        raise ValueError(f"TrainingBackend: scheduler 'cosine' needs total_steps > warmup_steps ({warmup_steps}), "
-                         f"got total_steps={total_steps}")
-    if not 0 <= min_lr_ratio <= 1:
-        raise ValueError(f"TrainingBackend: min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
 
 
 def unwrap_boosted(model: nn.Module) -> nn.Module:
@@ -148,8 +113,9 @@ def _merged_lora_state_dict(peft_model: nn.Module) -> Dict[str, torch.Tensor]:
 class TrainingBackend:
     """A boosted model and optimizer. One instance per model per consumer process.
 
-    Usage per optimizer step: ``backend.backward(loss)`` (any number of times), ``stats = backend.step()``,
-    ``backend.zero_grad()``. Gradients are averaged over the data-parallel group by the plugin.
+    Usage per optimizer step: ``backend.backward(loss)`` (any number of times; under Gemini more than once only with
+    ``enable_gradient_accumulation``), ``stats = backend.step()``, ``backend.zero_grad()``. Gradients are averaged
+    over the data-parallel group by the plugin.
 
     name: what errors call the model ("policy", "critic"). check_finite: stop at a non-finite loss or weight
     (`coati_relay.training.finite_checks`).
@@ -163,7 +129,7 @@ class TrainingBackend:
                  check_finite: bool = True) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"TrainingBackend: model must be an nn.Module, got {type(model).__name__}")
-        _check_args(lr, weight_decay, betas, max_grad_norm, scheduler, total_steps, warmup_steps, min_lr_ratio)
+        check_args(lr, weight_decay, betas, max_grad_norm, scheduler, total_steps, warmup_steps, min_lr_ratio)
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("TrainingBackend: the model has no parameter with requires_grad=True")
@@ -246,6 +212,10 @@ class TrainingBackend:
             self.model, self.optimizer = boosted[0], boosted[1]
             self.scheduler = boosted[4] if schedule is not None else None
             self.boost_extras = {k: v for k, v in zip(BOOST_EXTRAS, boosted[2:]) if k in extras}
+        self.gemini_guard = None
+        if self.shards_parameters:
+            AliasLoad.install(self.model)
+            self.gemini_guard = GeminiStepGuard(self.model, options, name)
         # Keyword arguments of a transformers causal LM reach it through the wrappers (their forward takes
         # **kwargs), but for hybrid's, whose sharded forward is its own. A prompt cache shared over two forwards
         # (`coati_relay.prompt_sharing`) only under torch DDP, where the module's parameters stay in place between
@@ -253,6 +223,12 @@ class TrainingBackend:
         self.causal_lm = _is_transformers_model(model) and self.plugin_name != "hybrid"
         self.shares_prompts = self.causal_lm and (self.booster is None or self.plugin_name == "ddp") \
             and not getattr(model, "is_gradient_checkpointing", False)
+
+    @property
+    def shards_parameters(self) -> bool:
+        """Whether Gemini holds the model's parameters (in chunks it may free outside its hooks: nothing reads them
+        directly, see `coati_relay.training.gemini_guards`)."""
+        return self.booster is not None and self.plugin_name == GEMINI
 
     @property
     def keeps_master_weights(self) -> bool:
@@ -287,6 +263,8 @@ class TrainingBackend:
         if self.check_finite:
             check_losses(self.steps_done + 1, {loss_name or f"the {self.name} loss": loss}, batch,
                          {self.name: self.optimizer})
+        if self.gemini_guard is not None:
+            self.gemini_guard.before_backward()
         master = find_master_optimizer(self.optimizer)
         if master is not None:
             loss = master.scale_loss(loss)
@@ -299,7 +277,8 @@ class TrainingBackend:
         """One optimizer step (after the gradient clip, when set) and one scheduler step.
 
         Returns ``grad_norm`` (total L2 norm before clipping; None where the plugin does not report it) and ``lr``
-        (the learning rate this step used). Raises `NonFiniteTrainingError` when the step left a non-finite weight.
+        (the learning rate this step used). Raises `NonFiniteTrainingError` when the step left a non-finite weight
+        (under Gemini: before the step, when its gradients are not finite).
         """
         if self.optimizer is None:
             raise ValueError(f"TrainingBackend.step: the {self.name} backend holds no optimizer (it was made around "
@@ -310,6 +289,10 @@ class TrainingBackend:
         lr = float(self.optimizer.param_groups[0]["lr"])
         grad_norm: Optional[float] = None
         measure_here = self.booster is None or self.plugin_name == "ddp"  # the others clip and measure in step()
+        if self.check_finite and self.gemini_guard is not None:
+            non_finite = self.gemini_guard.non_finite_gradients()
+            if non_finite is not None:
+                check_gradient_chunks(self.steps_done + 1, self.name, non_finite, self.optimizer)
         if measure_here:
             params = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
             if self.max_grad_norm is not None:
@@ -323,7 +306,9 @@ class TrainingBackend:
         if self.scheduler is not None:
             self.scheduler.step()
         self.steps_done += 1
-        if self.check_finite:
+        if self.gemini_guard is not None:
+            self.gemini_guard.stepped()
+        elif self.check_finite:
             check_weights(self.steps_done, {self.name: self.model}, {self.name: self.optimizer})
         return {"grad_norm": grad_norm, "lr": lr}
 

@@ -3,7 +3,9 @@
 Without these checks a NaN weight travels with the next weight push to the producers, which then fail much later in
 sampling ("probability tensor contains inf/nan"), far from the step that caused it. `TrainingBackend` runs them on
 every ``backward`` (the loss, before its backward: one host sync) and every ``step`` (the weights, after the
-optimizer step: one reduction per tensor and one host sync); ``check_finite=False`` turns them off.
+optimizer step: one reduction per tensor and one host sync); ``check_finite=False`` turns them off. A model that
+Gemini holds is never read parameter by parameter (its chunks may be freed outside its hooks): its step is checked
+before it is applied, from the count of non-finite gradient chunks Gemini keeps (`check_gradient_chunks`).
 """
 from __future__ import annotations
 
@@ -72,3 +74,14 @@ def check_weights(step: int, models: Dict[str, nn.Module], optimizers: Dict[str,
             cause = f"the update diverged (learning rates {learning_rates(optimizer)})"
         raise NonFiniteTrainingError(f"training step {step}: the {name} holds inf/NaN weights after the optimizer "
                                      f"step ({len(bad)} tensors, first {bad[0]!r}); likely cause: {cause}")
+
+
+def check_gradient_chunks(step: int, name: str, non_finite_chunks: int, optimizer: Optional[Any]) -> None:
+    """Raises `NonFiniteTrainingError` when Gemini counted ``non_finite_chunks`` > 0 gradient chunks holding inf/NaN
+    before the optimizer step of training step ``step`` (the step is then not applied)."""
+    if non_finite_chunks <= 0:
+        return
+    raise NonFiniteTrainingError(
+        f"training step {step}: the {name}'s gradients hold inf/NaN ({non_finite_chunks} of Gemini's gradient "
+        f"chunks); likely cause: the backward overflowed (learning rates {learning_rates(optimizer)}, or a loss "
+        "too large for bf16). The step was not applied.")

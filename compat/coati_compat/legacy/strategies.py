@@ -5,7 +5,9 @@ fronts on the engine: each prepared model is one `coati_relay.training.TrainingB
 Without CUDA, LowLevelZero and Gemini train with ``"ddp"`` (one RuntimeWarning per plugin) over gloo.
 ``unwrap_model`` follows the reference version: an ``Actor``'s Hugging Face model, a ``Critic`` as it is (pushed keys:
 HF keys, ``Critic`` keys). Deviations: LowLevelZero's state-dict shards use the generic path (the legacy one called a
-method that does not exist); a module without trainable parameters is not wrapped (DDP rejects it).
+method that does not exist); a module without trainable parameters is not wrapped (DDP rejects it). Under Gemini
+(ZeRO-3) ``save_pretrained`` is refused, as the legacy stage-3 strategy refused it, and so are sampling from and
+loading into a prepared model's parameters once Gemini frees them outside its hooks (above its keep-gathered size).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from coati_relay.training import checkpoint_files
 from coati_relay.training.backend_set import BackendSet
 from coati_relay.training.booster_backend import TrainingBackend
 from coati_relay.training.distributed import init_process_group_from_env
+from coati_relay.training.gemini_guards import refusal, releases_parameters
 from coati_relay.training.plugins import resolve_plugin
 from coati_relay.training.state_dict_shards import state_dict_shards
 
@@ -37,11 +40,22 @@ _ENV_ADVICE = "pass env_info to the trainer or maker, or call coati.ray.utils.se
 
 
 def _keep_actor_generate(backend: TrainingBackend) -> nn.Module:
-    """The backend's model with its ``Actor``'s ``generate`` (2023 scripts sample with ``prepared_actor.generate``)."""
+    """The backend's model with its ``Actor``'s ``generate`` (2023 scripts sample with ``prepared_actor.generate``);
+    under Gemini it refuses to sample once Gemini frees the actor's chunks outside its hooks."""
     boosted, inner = backend.model, backend.unwrapped()
     if boosted is not inner and isinstance(inner, Actor) and not hasattr(boosted, "generate"):
-        boosted.generate = inner.generate  # a plain attribute (nn.Module.__setattr__ keeps non-modules as such)
+        # a plain attribute (nn.Module.__setattr__ keeps non-modules as such)
+        boosted.generate = _gemini_generate(backend, inner) if backend.shards_parameters else inner.generate
     return boosted
+
+
+def _gemini_generate(backend: TrainingBackend, actor: Actor) -> Any:
+    def generate(*args: Any, **kwargs: Any) -> Any:
+        if releases_parameters(backend.model):
+            raise RuntimeError(refusal("generate", "actor"))
+        return actor.generate(*args, **kwargs)
+
+    return generate
 
 
 def _role(model: nn.Module) -> str:
@@ -131,6 +145,13 @@ class Strategy(ABC):
         """One step of the optimizer's backend; it stops at a non-finite weight."""
         self._training_backend(None, optimizer).step()
 
+    def check_parameters_readable(self, model: nn.Module, what: str) -> None:
+        """Raises RuntimeError where ``what`` would read or write ``model``'s parameters outside the hooks of the
+        Gemini that holds them (Gemini frees them there: above its keep-gathered size)."""
+        backend = self.backends.find(model)
+        if backend is not None and backend.shards_parameters and releases_parameters(backend.model):
+            raise RuntimeError(refusal(what, backend.name))
+
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         """The model without the booster wrapper; for an ``Actor``, its Hugging Face model."""
         inner = self.backends.unwrapped(model)
@@ -166,7 +187,12 @@ class Strategy(ABC):
         self.backends.files(optimizer=optimizer).load_optimizer(path, map_location)
 
     def save_pretrained(self, model: nn.Module, path: str, only_rank0: bool = True, tokenizer: Any = None) -> None:
-        """``save_pretrained`` of the unwrapped (Hugging Face) model and of the tokenizer."""
+        """``save_pretrained`` of the unwrapped (Hugging Face) model and of the tokenizer; refused under Gemini, as the
+        legacy stage-3 strategy refused it (its parameters are chunks: `save_model` gathers them)."""
+        backend = self.backends.find(model)
+        if backend is not None and backend.shards_parameters:
+            raise RuntimeError("ColossalAI strategy with stage-3 does not support save_pretrained() now: "
+                               + refusal("save_pretrained", backend.name))
         if only_rank0 and checkpoint_files.rank() != 0:
             return
         unwrapped = self.unwrap_model(model)

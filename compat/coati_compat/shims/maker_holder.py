@@ -104,6 +104,8 @@ class ExperienceMakerHolderImpl(LegacyActorBase):
             self.callbacks.append(ExperienceMakerPerformanceEvaluator(*map(get_model_numel, (
                 actor, critic, initial_model, reward_model))))
         models = self.strategy.prepare(actor, critic, reward_model, initial_model)
+        for model, role in ((models[0], "actor"), (models[1], "critic")):  # the models that sample or take pushes
+            self.strategy.check_parameters_readable(model, f"the maker's sampling and weight loads of its {role}")
         self.experience_maker = NaiveExperienceMaker(*models, kl_coef=kl_coef)
         self.callbacks += maker_observers(self.experience_maker)  # e.g. compare's recorder, off unless it runs
         self.sampler_kind = resolve_sampler(sampler or default_sampler(), self._actor_model())
