@@ -123,7 +123,9 @@ class ProducerWorker:
 
     # -- weights ---------------------------------------------------------------------------------------------
     def _load_version(self, min_version: int, timeout_s: float) -> None:
-        version, tensors = self.subscriber.fetch(min_version, timeout_s=timeout_s)
+        self._load_fetched(*self.subscriber.fetch(min_version, timeout_s=timeout_s))
+
+    def _load_fetched(self, version: int, tensors: Dict[str, torch.Tensor]) -> None:
         t0 = time.perf_counter()
         self.backend.load_weights(version, tensors)
         self.last_load_s = self.subscriber.last_transfer_s + time.perf_counter() - t0  # waiting not counted
@@ -143,11 +145,13 @@ class ProducerWorker:
         while self.backend.weight_version < needed:
             t0 = time.perf_counter()
             try:
-                self._load_version(needed, timeout_s=_POLL_S)
+                fetched = self.subscriber.fetch(needed, timeout_s=_POLL_S)
             except TimeoutError:  # also Ray's GetTimeoutError and RayTaskError(TimeoutError)
                 orphan = _call(self.queue.claim_task, self.name, True, timeout_s=30)
                 if orphan is not None and orphan >= 0:
                     self._run_task(orphan)
+            else:  # outside the handler: a subscriber hands a version out once, a failed load must not lose it
+                self._load_fetched(*fetched)
             self.stats["wait_s"] += time.perf_counter() - t0
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name}: no weights of version >= {needed} within "
