@@ -10,7 +10,7 @@ the hundredth vLLM's fraction is written in.
 from __future__ import annotations
 
 import math
-from typing import Dict
+from typing import Any, Dict
 
 import torch
 
@@ -37,7 +37,29 @@ def engine_need_bytes(weight_bytes: int, kv_cache_bytes: int) -> int:
     return weight_bytes + kv_cache_bytes + ENGINE_OVERHEAD_BYTES
 
 
-def module_bytes(weights: Dict[str, torch.Tensor], dtype: torch.dtype) -> int:
-    """Bytes of ``weights`` (name -> tensor) held in ``dtype``."""
-    size = torch.empty((), dtype=dtype).element_size()
-    return sum(t.numel() for t in weights.values()) * size
+class NoRoomForEngine(RuntimeError):
+    """The memory free on the device (less the reserve) is too little for a vLLM engine; the message says how much
+    it needs and how much there is."""
+
+
+def shared_gpu_engine_kwargs(dtype: torch.dtype, weight_bytes: int, kv_cache_bytes: int, free_bytes: int,
+                             total_bytes: int, reserve_bytes: int = 0,
+                             share: float = ENGINE_SHARE_OF_FREE) -> Dict[str, Any]:
+    """vLLM keywords for an engine in ``dtype`` beside other tensors of its process: ``dtype`` and the
+    ``gpu_memory_utilization`` of `engine_memory_utilization`. Raises `NoRoomForEngine` when that share is less
+    than `engine_need_bytes` (``weight_bytes`` of weights in ``dtype``, at least ``kv_cache_bytes`` of KV cache)."""
+    utilization = engine_memory_utilization(free_bytes, total_bytes, reserve_bytes, share)
+    need = engine_need_bytes(weight_bytes, kv_cache_bytes)
+    if utilization * total_bytes < need:
+        kept = f", {reserve_bytes / 2**30:.1f} GiB of it kept for training" if reserve_bytes else ""
+        raise NoRoomForEngine(f"a vLLM engine in {dtype} needs about {need / 2**30:.1f} GiB (weights "
+                              f"{weight_bytes / 2**30:.1f} GiB, KV cache {kv_cache_bytes / 2**30:.2f} GiB, "
+                              f"{ENGINE_OVERHEAD_BYTES / 2**30:.0f} GiB of working memory) and {share:.0%} of the "
+                              f"{free_bytes / 2**30:.1f} of {total_bytes / 2**30:.1f} GiB free{kept} is "
+                              f"{utilization * total_bytes / 2**30:.1f} GiB")
+    return {"dtype": str(dtype).removeprefix("torch."), "gpu_memory_utilization": utilization}
+
+
+def parameter_bytes(module: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Bytes of ``module``'s parameters (tied ones once) held in ``dtype``."""
+    return sum(p.numel() for p in module.parameters()) * torch.empty((), dtype=dtype).element_size()

@@ -1,11 +1,16 @@
 """The legacy maker's sampling on the engine's backends (transformers on the actor's own module, vLLM), with
 ``Actor.generate``'s signature and the legacy loop's contract: left-padded prompts, ``max_length`` counting prompt and
 response, sampling only, rows stopped only at ``eos_token_id`` and padded with ``pad_token_id``, ``early_stopping``
-ending at the longest response once every row of every rank stopped. Other random streams (``top_k=1``: the same)."""
+ending at the longest response once every row of every rank stopped. Other random streams (``top_k=1``: the same).
+
+The vLLM engine starts beside the maker's four models: on CUDA in the actor's dtype, with a share of the memory free
+then (`maker_engine_kwargs`); where that share is too small for it, the maker samples with transformers on the actor
+itself, with one warning. On the CPU it runs in float32 (the faster dtype there)."""
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Optional
+import warnings
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -15,9 +20,15 @@ from torch import nn
 from coati_compat.legacy.generation import check_generate_args
 from coati_compat.legacy.model_base import generated_masks
 from coati_relay.inference import SamplingConfig, build_backend_on_module, resolve_backend_name
+from coati_relay.inference.gpu_share import NoRoomForEngine, parameter_bytes, shared_gpu_engine_kwargs
+from coati_relay.inference.kv_cache_size import kv_bytes_per_token
 from coati_relay.inference.module_checkpoint import module_weights
+from coati_relay.inference.vllm_backend import DEFAULT_MAX_MODEL_LEN
 
 SAMPLERS, SAMPLER_ENV = ("auto", "vllm", "transformers", "legacy"), "COATI_RELAY_MAKER_SAMPLER"
+# Share of the memory free beside the maker's models that its vLLM engine takes; the rest: the experience step's
+# forwards of actor, critic, reward model and initial model on each batch, while the engine holds its share.
+MAKER_ENGINE_SHARE_OF_FREE = 0.7
 
 
 def default_sampler() -> str:
@@ -32,9 +43,37 @@ def resolve_sampler(name: str, model: nn.Module) -> str:
     return name if name == "legacy" else resolve_backend_name(name, type(model).__name__)
 
 
+def device_memory(device: torch.device) -> Optional[Tuple[int, int]]:
+    """(free, total) bytes of a CUDA ``device`` (every process's use counted, this one's cache returned first);
+    None for another device."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info(device)
+
+
+def maker_engine_kwargs(model: nn.Module) -> Dict[str, Any]:
+    """The keywords of the maker's vLLM engine on ``model`` (the actor's HF module): eager (it starts in seconds)
+    and, where the actor is on CUDA, the actor's dtype (bf16/fp16 where the strategy made the models half) and
+    `MAKER_ENGINE_SHARE_OF_FREE` of the memory free now, beside the maker's models (vLLM's default 0.9 of the device
+    does not fit there). Raises `NoRoomForEngine` where that share cannot hold the weights, a KV cache for one
+    sequence of the engine's longest length, and the engine's working memory."""
+    param = next(model.parameters())
+    memory = device_memory(param.device)
+    if memory is None:
+        return {"enforce_eager": True}
+    config = model.config
+    max_len = min(DEFAULT_MAX_MODEL_LEN, getattr(config, "max_position_embeddings", None) or DEFAULT_MAX_MODEL_LEN)
+    settings = shared_gpu_engine_kwargs(param.dtype, parameter_bytes(model, param.dtype),
+                                        kv_bytes_per_token(config, param.dtype) * max_len, *memory,
+                                        share=MAKER_ENGINE_SHARE_OF_FREE)
+    return {"enforce_eager": True, **settings}
+
+
 class EngineSampler:
     """Samples for one maker with the backend ``kind`` started on the actor's HF module at the first call: the module
-    itself (transformers), or a vLLM engine started from its weights (LoRA folded) and given each push's (`load`)."""
+    itself (transformers), or a vLLM engine started from its weights (LoRA folded) and given each push's (`load`).
+    A vLLM engine without room on the device (`maker_engine_kwargs`) makes ``kind`` ``"transformers"``."""
 
     def __init__(self, kind: str, seed: int = 0):
         self.kind, self.seed, self.backend = kind, seed, None
@@ -42,9 +81,17 @@ class EngineSampler:
     def start(self, model: nn.Module, version: int = 0):
         """The backend, started on ``model`` at ``version`` if none yet (EOS and padding come with each call)."""
         if self.backend is None:
-            eager = {"enforce_eager": True} if self.kind == "vllm" else {}  # vLLM starts in seconds
+            engine: Dict[str, Any] = {}
+            if self.kind == "vllm":
+                try:
+                    engine = maker_engine_kwargs(model)
+                except NoRoomForEngine as e:
+                    warnings.warn(f"the maker's vLLM engine does not fit beside its models on "
+                                  f"{next(model.parameters()).device}: {e}; sampling with transformers on the "
+                                  f"actor itself instead", RuntimeWarning, stacklevel=2)
+                    self.kind = "transformers"
             self.backend = build_backend_on_module(self.kind, model, SamplingConfig(), seed=self.seed,
-                                                   eos_token_ids=[], pad_token_id=0, **eager)
+                                                   eos_token_ids=[], pad_token_id=0, **engine)
             self.backend.weight_version = version
         return self.backend
 
