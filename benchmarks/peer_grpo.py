@@ -46,8 +46,16 @@ def _prompts(path: Path, steps: int) -> Path:
     return path
 
 
+def trl_device_kwargs(cuda: bool) -> Dict[str, Any]:
+    """The device keywords of TRL's ``GRPOConfig``: the GPU where there is one (``use_cpu=False``), in TRL's default
+    precision (bf16 mixed precision unless fp16 is set: left as it is), else the CPU. Before, TRL ran on the CPU on
+    every host, and a GPU pair compared a GPU engine with a CPU TRL."""
+    return {"use_cpu": not cuda}
+
+
 def run_trl(model: str, steps: int, work_dir: Path, new_tokens: int) -> Dict[str, Any]:
-    """TRL's ``GRPOTrainer`` on the CPU, generating with ``model.generate`` (TRL's own default without vLLM)."""
+    """TRL's ``GRPOTrainer`` on the GPU where there is one (else the CPU), generating with ``model.generate`` (TRL's
+    own default without vLLM)."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -98,8 +106,9 @@ def run_trl(model: str, steps: int, work_dir: Path, new_tokens: int) -> Dict[str
 
     policy.generate = timed_generate
     config = GRPOConfig(
-        output_dir=str(work_dir / "trl"), use_cpu=True, seed=SEED, max_steps=steps, learning_rate=LR,
-        lr_scheduler_type="constant", weight_decay=0.01, max_grad_norm=0.0, beta=0.0, loss_type="grpo",
+        output_dir=str(work_dir / "trl"), **trl_device_kwargs(torch.cuda.is_available()), seed=SEED,
+        max_steps=steps, learning_rate=LR, lr_scheduler_type="constant", weight_decay=0.01, max_grad_norm=0.0,
+        beta=0.0, loss_type="grpo",
         num_generations=GENERATIONS, per_device_train_batch_size=PROMPTS_PER_STEP * GENERATIONS,
         max_completion_length=new_tokens, temperature=1.0, top_p=1.0, logging_steps=1, report_to="none",
         save_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
@@ -166,8 +175,9 @@ def run_engine(model: str, steps: int, work_dir: Path, backend: str, colocate: b
 
 
 def _moved_and_finite(initial: str, trained: Any) -> Dict[str, Any]:
-    """How many parameters moved from the initial checkpoint and whether all are finite (``trained``: a model or a
-    checkpoint directory the engine wrote, holding ``policy/model.pt``; None when the run saved nothing)."""
+    """How many parameters moved from the initial checkpoint and whether all are finite (``trained``: a model, on any
+    device, or a checkpoint directory the engine wrote, holding ``policy/model.pt``; None when the run saved
+    nothing). Compared on the CPU in float32."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -175,7 +185,7 @@ def _moved_and_finite(initial: str, trained: Any) -> Dict[str, Any]:
         return {"checked": False}
     before = AutoModelForCausalLM.from_pretrained(initial, dtype=torch.float32).state_dict()
     if isinstance(trained, torch.nn.Module):
-        after = trained.state_dict()
+        after = {k: v.detach().to("cpu", torch.float32) for k, v in trained.state_dict().items()}
     else:
         after = torch.load(Path(trained) / "policy" / "model.pt", map_location="cpu")
     shared = [k for k in before if k in after]
