@@ -204,8 +204,9 @@ def optimizer_kind(name: str, options: Dict[str, Any], cuda: bool) -> str:
     """The optimizer a `TrainingBackend` with plugin ``name`` makes: ``"adamw"`` (torch's) without CUDA,
     ``"hybrid_adam"`` (ColossalAI's) where the plugin needs it (Gemini takes only ColossalAI's Adam optimizers) or
     keeps the optimizer state on the CPU (``cpu_offload``, Gemini's ``offload_optim_frac``), else ``"fused_adamw"``
-    (torch's fused CUDA kernel). HybridAdam's kernel is built on first use (about 60 s in a fresh environment,
-    `make setup-gpu` builds it ahead); the fused AdamW needs no build."""
+    (torch's fused CUDA kernel). HybridAdam's two kernels are built on first use (``fused_optim_cuda`` about 60 s,
+    ``cpu_adam_x86`` 31 s in a fresh environment; `make setup-gpu` builds both ahead, `training.kernels`); the fused
+    AdamW needs no build."""
     if not cuda:
         return "adamw"
     if name == "gemini" or options.get("cpu_offload") or options.get("offload_optim_frac", 0) > 0:
