@@ -19,6 +19,7 @@ from torch import nn
 
 from coati_compat.legacy.generation import check_generate_args
 from coati_compat.legacy.model_base import generated_masks
+from coati_relay.devices import accelerator_device
 from coati_relay.inference import SamplingConfig, build_backend_on_module, resolve_backend_name
 from coati_relay.inference.gpu_share import NoRoomForEngine, parameter_bytes, shared_gpu_engine_kwargs
 from coati_relay.inference.kv_cache_size import kv_bytes_per_token
@@ -54,12 +55,12 @@ def device_memory(device: torch.device) -> Optional[Tuple[int, int]]:
 
 def maker_engine_kwargs(model: nn.Module) -> Dict[str, Any]:
     """The keywords of the maker's vLLM engine on ``model`` (the actor's HF module): eager (it starts in seconds)
-    and, where the actor is on CUDA, the actor's dtype (bf16/fp16 where the strategy made the models half) and
+    and, on a CUDA host, the actor's dtype (bf16/fp16 where the strategy made the models half) and
     `MAKER_ENGINE_SHARE_OF_FREE` of the memory free now, beside the maker's models (vLLM's default 0.9 of the device
     does not fit there). Raises `NoRoomForEngine` where that share cannot hold the weights, a KV cache for one
     sequence of the engine's longest length, and the engine's working memory."""
     param = next(model.parameters())
-    memory = device_memory(param.device)
+    memory = device_memory(accelerator_device())  # where vLLM runs: CUDA wherever the host has it
     if memory is None:
         return {"enforce_eager": True}
     config = model.config
@@ -87,7 +88,7 @@ class EngineSampler:
                     engine = maker_engine_kwargs(model)
                 except NoRoomForEngine as e:
                     warnings.warn(f"the maker's vLLM engine does not fit beside its models on "
-                                  f"{next(model.parameters()).device}: {e}; sampling with transformers on the "
+                                  f"{accelerator_device()}: {e}; sampling with transformers on the "
                                   f"actor itself instead", RuntimeWarning, stacklevel=2)
                     self.kind = "transformers"
             self.backend = build_backend_on_module(self.kind, model, SamplingConfig(), seed=self.seed,
