@@ -77,10 +77,16 @@ class _Board:
         with self._changed:
             self.live.pop(key, None)
 
-    def read(self, key, timeout_s):
+    def read(self, key, timeout_s, check=None):
         with self._changed:
             assert self._changed.wait_for(lambda: key in self.live, timeout=timeout_s), f"no post for {key}"
             return self.live[key]
+
+    def members(self, key, ranks):
+        return {}  # no rank announced itself (threads, not Ray actors)
+
+    def forget_members(self, key, world_size):
+        pass
 
 
 def _given_port_group(port: int, board) -> list:
@@ -143,5 +149,53 @@ def test_legacy_strategy_ranks_in_ray_meet_although_their_env_info_port_was_take
         assert ray.get([a.join.remote(e) for a, e in zip(ranks, env)], timeout=300) == [(3.0, 2), (3.0, 2)]
     finally:
         squatter.close()
+        for a in ranks:
+            ray.kill(a)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dead_rank", [1, 0])
+def test_a_rank_that_dies_before_joining_ends_the_rendezvous_within_30s_naming_it(ray_cluster, dead_rank):
+    """Legacy ranks (Ray actors given an ``env_info``): one dies in its constructor after `set_dist_env`, before it
+    joins. The other stops waiting within 30 s (not after the legacy 30-minute timeout), naming the dead rank."""
+    import time
+
+    ray = ray_cluster
+
+    @ray.remote(num_cpus=0)
+    class Rank:
+        def __init__(self, env_info, dies):
+            from coati_compat.legacy.ray_utils import set_dist_env
+
+            set_dist_env(env_info)
+            if dies:
+                raise ValueError("this rank's model_fn failed")
+            from coati_compat.legacy.strategies import NaiveStrategy
+
+            self.strategy_class = NaiveStrategy  # imported here: the time measured is the rendezvous'
+
+        def join(self):
+            self.strategy_class()
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = str(s.getsockname()[1])
+    env = [dict(rank=str(r), local_rank="0", world_size="2", master_addr="127.0.0.1", master_port=port)
+           for r in range(2)]
+    ranks = [Rank.remote(env[r], r == dead_rank) for r in range(2)]
+    live = ranks[1 - dead_rank]
+    try:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(ranks[dead_rank].__ray_ready__.remote(), timeout=90)
+        ray.get(live.__ray_ready__.remote(), timeout=90)
+        t0 = time.monotonic()  # the other rank is dead already: the error comes from the live one's first look
+        with pytest.raises(ray.exceptions.RayTaskError) as caught:
+            ray.get(live.join.remote(), timeout=90)
+        took = time.monotonic() - t0
+        print(f"rank {dead_rank} dead: {took:.1f}s: {str(caught.value).strip().splitlines()[-1][:300]}")
+        assert f"rank(s) {dead_rank} died before joining" in str(caught.value)
+        assert "this rank's model_fn failed" in str(caught.value)
+        assert took < 30
+    finally:
         for a in ranks:
             ray.kill(a)

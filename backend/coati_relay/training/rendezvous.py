@@ -8,19 +8,26 @@ store binds first and the port is told afterwards:
   sends ``store.port`` to the other ranks, which `join_store` it. The engine's groups form this way.
 - `given_port_store`: for a port chosen beforehand (a legacy ``env_info``'s ``master_port``): rank 0 binds it, or a
   fresh port when it was taken since, and posts the port it bound on a `RayPortBoard`, where the other ranks read
-  it. The legacy strategies form their groups this way inside Ray.
+  it. The legacy strategies form their groups this way inside Ray. A rank announces itself on the board
+  (`announce_member`) as soon as it knows its place, before anything that may fail; the ranks waiting for it then
+  notice its death within a second instead of waiting for the whole timeout.
 """
 from __future__ import annotations
 
 import datetime
 import logging
+import re
 import time
+from typing import Any, Dict, Iterable, Optional
 
 import torch.distributed as dist
+
+from coati_relay.liveness import LivenessProbe
 
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.05
+_LIVENESS_POLL_S = 0.5  # how often a waiting rank looks whether the ranks it waits for have died
 
 
 def _timeout(timeout_s: float) -> datetime.timedelta:
@@ -70,17 +77,87 @@ class RayPortBoard:
     def remove(self, key: str) -> None:
         self._kv._internal_kv_del(key, namespace=self._namespace)
 
-    def read(self, key: str, timeout_s: float) -> int:
-        """The port posted under ``key``; waits for the post at most ``timeout_s``."""
+    def announce(self, key: str, rank: int) -> None:
+        """Posts this Ray actor as ``rank`` of the group ``key``, for the ranks that wait for it to watch."""
+        import ray
+
+        handle = ray.get_runtime_context().current_actor
+        self._kv._internal_kv_put(f"{key}/member/{rank}", ray.cloudpickle.dumps(handle), overwrite=True,
+                                  namespace=self._namespace)
+
+    def members(self, key: str, ranks: Iterable[int]) -> Dict[int, Any]:
+        """The Ray actor handles announced for ``ranks`` of the group ``key`` so far."""
+        import ray
+
+        found = {r: self._kv._internal_kv_get(f"{key}/member/{r}", namespace=self._namespace) for r in ranks}
+        return {r: ray.cloudpickle.loads(v) for r, v in found.items() if v is not None}
+
+    def forget_members(self, key: str, world_size: int) -> None:
+        for r in range(world_size):
+            self._kv._internal_kv_del(f"{key}/member/{r}", namespace=self._namespace)
+
+    def read(self, key: str, timeout_s: float, check=None) -> int:
+        """The port posted under ``key``; waits for the post at most ``timeout_s``; ``check()`` runs while it
+        waits and may raise to end the wait."""
         deadline = time.monotonic() + timeout_s
         while True:
             value = self._kv._internal_kv_get(key, namespace=self._namespace)
             if value is not None:
                 return int(value)
+            if check is not None:
+                check()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"rendezvous: rank 0 posted no port for {key} within {timeout_s:.0f}s; is rank 0 "
                                    "of this group running, with the same master_addr, master_port and world_size?")
             time.sleep(_POLL_S)
+
+
+def group_key(host: str, port: int, world_size: int) -> str:
+    """The name of the group meeting on ``host:port`` with ``world_size`` ranks, on a `RayPortBoard`."""
+    return f"{host}:{port}/{world_size}"
+
+
+def announce_member(host: str, port: int, world_size: int, rank: int) -> None:
+    """Inside a Ray actor: posts it as ``rank`` of the group that will meet on ``host:port`` (`given_port_store`),
+    so that the ranks waiting for it notice if it dies before it joins. Elsewhere: nothing."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+        return
+    RayPortBoard().announce(group_key(host, port, world_size), rank)
+
+
+class MemberWatch:
+    """Raises, from `check`, once a Ray actor announced (`announce_member`) as one of ``ranks`` of ``key`` has
+    died; looks at most every `_LIVENESS_POLL_S` seconds."""
+
+    def __init__(self, board, key: str, ranks: Iterable[int]) -> None:
+        self.board, self.key, self.ranks = board, key, list(ranks)
+        self.probe = LivenessProbe({})
+        self._next = 0.0
+
+    def check(self, waiting_for: Optional[Iterable[int]] = None) -> None:
+        if time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + _LIVENESS_POLL_S
+        for rank, handle in self.board.members(self.key, self.ranks).items():
+            if str(rank) not in self.probe.names():
+                self.probe.add(str(rank), handle)
+        waiting = {str(r) for r in (self.ranks if waiting_for is None else waiting_for)}
+        dead = sorted(self.probe.dead() & waiting, key=int)
+        if dead:
+            causes = "; ".join(f"rank {r}: {_last_error_line(self.probe.causes[r])}" for r in dead)
+            raise RuntimeError(f"rendezvous of the group on {self.key}: rank(s) {', '.join(dead)} died before joining "
+                               f"({causes}); fix what ended it (its own error is in its actor's log) and start the "
+                               "group again")
+
+
+def _last_error_line(exc: BaseException) -> str:
+    """The line of a Ray error that says what ended the actor (its own exception, or how it was killed)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b.*:", line)]
+    return (errors or lines or [type(exc).__name__])[-1][:300]
 
 
 def given_port_store(rank: int, world_size: int, host: str, port: int, timeout_s: float,
@@ -88,10 +165,12 @@ def given_port_store(rank: int, world_size: int, host: str, port: int, timeout_s
     """The store of a group whose ``host:port`` was chosen beforehand. Rank 0 binds ``port``, or a port the OS picks
     when ``port`` was taken since it was chosen (logged), posts the bound port on ``board`` (`RayPortBoard`'s
     methods) and removes the post once every rank has joined; the other ranks read the port there and join.
-    Every wait is bounded by ``timeout_s``."""
-    key = f"{host}:{port}/{world_size}"
+    Every wait is bounded by ``timeout_s``, and ends early with an error naming a rank that announced itself
+    (`announce_member`) and died before joining."""
+    key = group_key(host, port, world_size)
     if rank != 0:
-        store = join_store(host, board.read(key, timeout_s), world_size, timeout_s)
+        watch = MemberWatch(board, key, [0])
+        store = join_store(host, board.read(key, timeout_s, check=watch.check), world_size, timeout_s)
         store.set(f"coati-relay/joined/{rank}", "1")
         return store
     try:
@@ -104,7 +183,23 @@ def given_port_store(rank: int, world_size: int, host: str, port: int, timeout_s
                        "meets on port %d instead", port, host, store.port)
     board.post(key, store.port)
     try:
-        store.wait([f"coati-relay/joined/{r}" for r in range(1, world_size)], _timeout(timeout_s))
+        _wait_for_ranks(store, MemberWatch(board, key, range(1, world_size)), world_size, timeout_s)
     finally:
         board.remove(key)
+        board.forget_members(key, world_size)
     return store
+
+
+def _wait_for_ranks(store: dist.TCPStore, watch: MemberWatch, world_size: int, timeout_s: float) -> None:
+    joined = {r: f"coati-relay/joined/{r}" for r in range(1, world_size)}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = [r for r, k in joined.items() if not store.check([k])]
+        if not missing:
+            return
+        watch.check(missing)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rendezvous of the group on {watch.key}: rank(s) {missing} did not join within "
+                               f"{timeout_s:.0f}s; are they running, with the same master_addr, master_port and "
+                               "world_size?")
+        time.sleep(_POLL_S)

@@ -19,6 +19,7 @@ from coati_compat.deprecations import deprecated_api
 from coati_compat.legacy.model_families import ACTORS, CRITICS, REWARD_MODELS
 from coati_compat.legacy.strategies import DDPStrategy, GeminiStrategy, LowLevelZeroStrategy, NaiveStrategy, Strategy
 from coati_compat.legacy.tables import LEGACY_STRATEGIES
+from coati_relay.training.rendezvous import announce_member
 
 _DIST_ENV_KEYS = {"rank": "RANK", "local_rank": "LOCAL_RANK", "world_size": "WORLD_SIZE",
                   "master_port": "MASTER_PORT", "master_addr": "MASTER_ADDR"}
@@ -112,6 +113,10 @@ def set_dist_env(env_info: Dict[str, str]) -> None:
         raise TypeError(f"env_info values must be strings (e.g. str(rank)); got {wrong}")
     for key, var in _DIST_ENV_KEYS.items():
         os.environ[var] = env_info[key]
+    # Inside a Ray actor, the rank announces itself to its group now, before anything that may fail: the ranks
+    # waiting for it at the rendezvous then notice its death at once (not after DIST_TIMEOUT_S).
+    announce_member(env_info["master_addr"], int(env_info["master_port"]), int(env_info["world_size"]),
+                    int(env_info["rank"]))
 
 
 @deprecated_api("coati.ray.utils.get_model_numel")

@@ -82,10 +82,10 @@ class DetachedPPOTrainerImpl(DetachedTrainer):
                  dataloader_pin_memory: bool = True, callbacks: Optional[List[TrainerCallback]] = None,
                  eval_performance: bool = False, debug: bool = False, update_lora_weights: bool = False, *,
                  actor_lr: float = LEGACY_LR, critic_lr: float = LEGACY_LR, rpc_timeout_s: float = 600.0) -> None:
+        if env_info:
+            set_dist_env(env_info)  # first: it announces this rank to its group (`announce_member`)
         actor_lr, critic_lr = _check_lr("actor_lr", actor_lr), _check_lr("critic_lr", critic_lr)
         check_count("DetachedPPOTrainer", "train_batch_size", train_batch_size, 1)  # before any model is built
-        if env_info:
-            set_dist_env(env_info)
         self.strategy = build_strategy(strategy_fn, "DetachedPPOTrainer")
         with self.strategy.model_init_context():
             actor, critic = model_fn()
