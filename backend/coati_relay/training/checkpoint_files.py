@@ -6,6 +6,8 @@ Forms (every rank of the data-parallel group calls each function; ZeRO and Gemin
 - ``shard=True``: the checkpoint IO's sharded directory (ColossalAI's layout: an index file and shards).
 - one file from rank 0: under a booster its checkpoint IO writes it (``torch.save`` of the complete state dict);
   without one, rank 0 writes ``torch.save(state_dict)``.
+- every write goes to a temporary name in the target's directory, is fsynced and then renamed into place
+  (`save_file`, `booster_save`): a process killed mid-write leaves the previous checkpoint whole.
 - ``every_rank=True``: every rank writes the complete state dict to its own ``path`` (a path per rank, or one
   shared path: each write goes to a temporary name in the same directory and is renamed into place, so ranks
   sharing a path never leave a torn file).
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import shutil
 import tempfile
 from typing import Any, Dict
 
@@ -48,13 +51,85 @@ def save_file(state: Dict[str, Any], path: str) -> None:
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"cannot save {path}: the directory {directory} does not exist")
     handle, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.r{rank()}.", dir=directory)
-    os.close(handle)
     try:
-        torch.save(state, tmp)
+        with os.fdopen(handle, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
         os.replace(tmp, path)
+        _fsync_dir(directory)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def _fsync_dir(directory: str) -> None:
+    """Makes a rename in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: str) -> None:
+    """fsync of a file, or of every file and directory under ``path``."""
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+        return
+    for root, _, files in os.walk(path):
+        for name in files:
+            _fsync_tree(os.path.join(root, name))
+        _fsync_dir(root)
+
+
+def booster_save(io: Any, what: str, obj: Any, path: str, shard: bool, **kwargs: Any) -> None:
+    """``io.save_model``/``io.save_optimizer`` (a booster's checkpoint IO; every rank calls it) written atomically:
+    into ``.saving.<name>`` beside ``path`` (the same name on every rank: a sharded save writes from several), then
+    fsynced and renamed over ``path`` by rank 0, so a kill mid-write leaves the previous checkpoint whole. A
+    directory already at ``path`` is moved aside (``.replaced.<name>``) for the rename and removed after it."""
+    from coati_relay.training.distributed import barrier
+
+    path = os.path.abspath(os.fspath(path))
+    save = getattr(io, f"save_{what}")
+    if kwargs.get("use_async"):  # the IO finishes the file later: nothing to rename yet
+        save(obj, path, shard=shard, **kwargs)
+        return
+    directory, name = os.path.dirname(path), os.path.basename(path)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"cannot save {path}: the directory {directory} does not exist")
+    if shard and os.path.isfile(path) or not shard and os.path.isdir(path):
+        raise (IsADirectoryError if os.path.isdir(path) else FileExistsError)(
+            f"save_{what}: {path} is a {'directory' if os.path.isdir(path) else 'file'}; a "
+            f"{'sharded' if shard else 'single-file'} save writes a {'directory' if shard else 'file'} there: pick "
+            "another path, or save with " + ("shard=False" if shard else "shard=True"))
+    tmp, aside = os.path.join(directory, f".saving.{name}"), os.path.join(directory, f".replaced.{name}")
+    if rank() == 0:
+        _remove(tmp)  # left by a save that was killed
+    barrier()
+    save(obj, tmp, shard=shard, **kwargs)
+    barrier()  # every rank has written its part
+    if rank() == 0:
+        if not os.path.exists(tmp):
+            raise RuntimeError(f"save_{what}: the checkpoint IO wrote nothing at {tmp}")
+        _fsync_tree(tmp)
+        if os.path.isdir(path):
+            _remove(aside)
+            os.replace(path, aside)
+            os.replace(tmp, path)
+            _remove(aside)
+        else:
+            os.replace(tmp, path)
+        _fsync_dir(directory)
+    barrier()  # the checkpoint is in place before any rank goes on (and may load it)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
 
 
 def checkpoint_io(booster: Any) -> Any:
@@ -99,7 +174,7 @@ def _save(what: str, booster: Any, obj: Any, state_of: Any, path: str, shard: bo
     """The booster's checkpoint of ``obj`` (sharded, or one file under a booster unless ``every_rank``), else the
     complete state dict of ``state_of`` in a plain file, written by every rank or by rank 0."""
     if shard or (booster is not None and not every_rank):
-        getattr(checkpoint_io(booster), f"save_{what}")(obj, path, shard=shard, **kwargs)
+        booster_save(checkpoint_io(booster), what, obj, path, shard, **kwargs)
         return
     if kwargs:
         raise TypeError(f"save_{what}: {sorted(kwargs)} apply to the booster's checkpoints (shard=True, or one file "
