@@ -15,6 +15,7 @@ N = 1_000_000
 @pytest.mark.parametrize("plugin, options, world, per_param", [
     ("ddp", {}, 1, 8 + 4),                                   # fp32 moments, fp32 gradients
     ("ddp", {}, 4, 8 + 4),                                   # DDP replicates everything
+    ("ddp", {"gradient_as_bucket_view": True}, 1, 8),        # gradients in the buckets set-up made
     ("hybrid", {}, 1, 8 + 4),                                # zero_stage 0, fp32
     ("hybrid", {"zero_stage": 1, "precision": "bf16"}, 2, 8 / 2 + 2 + 4 / 2),
     ("zero2", {}, 1, 8 + 2 + 4),                             # bf16 gradients, fp32 master gradients

@@ -13,7 +13,7 @@ about 27 GB stayed in use after the first step.
   share);
 - the gradients: in the compute dtype (float32 for ``ddp``), divided over the ranks where stage 2 partitions them;
   Gemini writes them into its low-precision chunks (none extra) unless ``enable_gradient_accumulation`` gives them
-  chunks of their own;
+  chunks of their own, and DDP with ``gradient_as_bucket_view`` into its buckets (made at set-up);
 - under mixed precision, the float32 gradients of the master shard that the optimizer step reads (on the device
   unless the optimizer state is on the CPU).
 """
@@ -64,7 +64,8 @@ def step_state_bytes(num_params: int, plugin: str, options: Dict[str, Any], worl
     on_device = _optimizer_share_on_device(plugin, options)
     moments = ADAM_MOMENTS * FLOAT32_BYTES * num_params / optimizer_shards * on_device
     in_chunks = plugin == "gemini" and not options.get("enable_gradient_accumulation")
-    gradients = 0.0 if in_chunks else compute_bytes * num_params / gradient_shards
+    in_buckets = stage == 0 and bool(options.get("gradient_as_bucket_view"))  # DDP's buckets, made at set-up
+    gradients = 0.0 if in_chunks or in_buckets else compute_bytes * num_params / gradient_shards
     master_gradients = FLOAT32_BYTES * num_params / optimizer_shards * on_device if compute_bytes < 4 else 0.0
     return int(moments + gradients + master_gradients)
 
