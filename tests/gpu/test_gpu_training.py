@@ -1,7 +1,9 @@
 """Consumer training on CUDA: the Booster with LowLevelZero (``zero2``, torch's fused AdamW) and Gemini (HybridAdam)
-over one and two NCCL ranks; HybridAdam's fused CUDA step against torch's AdamW; `train_round` with several
-micro-batches a step under zero2 and Gemini against DDP with one; the reference model in the training precision (KL 0
-at the first step); and two consumer ranks against one holding the whole batch."""
+over one and two NCCL ranks; HybridAdam's fused CUDA step against torch's AdamW; one SGD-like step of
+`TrainingBackend` with several micro-batches (or two ranks) against the same plugin with one (an SGD step is linear in
+the gradient, so a wrong sum shows as a wrong update, which Adam's normalised first steps hide); `train_round` with
+several micro-batches a step under zero2 and Gemini against the same plugin with one; the reference model in the
+training precision (KL 0 at the first step); and two consumer ranks against one holding the whole batch."""
 from __future__ import annotations
 
 import textwrap
@@ -84,6 +86,70 @@ def test_hybrid_adam_matches_torch_adamw_on_cuda():
         assert not torch.equal(fused, initial)
 
 
+# One rank of one `TrainingBackend` step on its share of a fixed batch, in ``micro`` backward calls of loss / micro.
+# The optimizer is HybridAdam without moments (betas 0) and with an eps far above every gradient: its update
+# lr * g / (|g| + eps) is lr / eps * g, an SGD step of 1.0 per unit gradient (Gemini takes only ColossalAI's Adams).
+_SGD_STEP = textwrap.dedent("""
+    import sys, torch
+    from colossalai.nn.optimizer import HybridAdam
+    from coati_relay.training.booster_backend import TrainingBackend, load_causal_lm
+    from coati_relay.training.distributed import init_process_group
+    rank, world, port, plugin, micro, model_path, batch_file, out = sys.argv[1:]
+    rank, world, micro = int(rank), int(world), int(micro)
+    init_process_group(rank, world, "127.0.0.1", int(port), timeout_s=300)
+    model = load_causal_lm(model_path)
+    eps = 1e4
+    optimizer = HybridAdam(model.parameters(), lr=1.0 * eps, betas=(0.0, 0.0), eps=eps, weight_decay=0.0)
+    options = {"enable_gradient_accumulation": True} if plugin == "gemini" and micro > 1 else {}
+    backend = TrainingBackend.around(model, optimizer, plugin=plugin, plugin_options=options,
+                                     allow_cpu_fallback=False)
+    ids = torch.load(batch_file).chunk(world)[rank].to(backend.device)
+    for part in ids.chunk(micro):  # equal token counts: the mean of the parts' means is the batch's mean
+        backend.backward(backend.model(input_ids=part, labels=part).loss / micro)
+    backend.step()
+    torch.save({"state": backend.state_dict_for_inference()}, out.format(rank))
+""")
+
+
+def _sgd_step(tmp_path, model_path: str, plugin: str, micro: int, world: int = 1):
+    """Runs `_SGD_STEP` on ``world`` ranks over one fixed batch of 8 sequences; returns rank 0's weights."""
+    run = tmp_path / f"sgd-{plugin}-{micro}-{world}"
+    run.mkdir()
+    torch.save(torch.randint(2, 300, (8, 24), generator=torch.Generator().manual_seed(0)), run / "batch.pt")
+    (run / "step.py").write_text(_SGD_STEP)
+    run_ranks(run / "step.py", world, [str(free_port()), plugin, str(micro), model_path, str(run / "batch.pt"),
+                                       str(run / "rank{}.pt")])
+    return torch.load(run / "rank0.pt")["state"]
+
+
+SGD_TOLERANCE = 0.1  # bf16 forwards and weights on both sides; a lost or doubled micro-batch is 25% off or more
+
+
+@pytest.mark.parametrize("plugin", ["zero2", "gemini"])
+def test_micro_batches_sum_to_the_gradient_of_one_batch(tiny_model_path, tmp_path, plugin):
+    """Gemini accumulates only with ``enable_gradient_accumulation`` (without it, 100-109% off)."""
+    from coati_relay.training.booster_backend import load_causal_lm
+
+    initial = load_causal_lm(tiny_model_path).state_dict()
+    whole = _sgd_step(tmp_path, tiny_model_path, plugin, 1)
+    micro = _sgd_step(tmp_path, tiny_model_path, plugin, 4)
+    gap = _update_gap(initial, micro, whole)
+    assert gap < SGD_TOLERANCE, f"{plugin}: 4 micro-batches are {gap:.1%} off one batch's SGD step"
+    assert not non_finite(micro)
+
+
+@needs_devices(2)
+@pytest.mark.parametrize("plugin", ["zero2", "gemini"])
+def test_two_ranks_step_as_one_holding_the_whole_batch(tiny_model_path, tmp_path, plugin):
+    from coati_relay.training.booster_backend import load_causal_lm
+
+    initial = load_causal_lm(tiny_model_path).state_dict()
+    one = _sgd_step(tmp_path, tiny_model_path, plugin, 1)
+    two = _sgd_step(tmp_path, tiny_model_path, plugin, 1, world=2)
+    gap = _update_gap(initial, two, one)
+    assert gap < SGD_TOLERANCE, f"{plugin}: two ranks are {gap:.1%} off one rank's SGD step"
+
+
 # One consumer rank of `train_round`: GRPO on a fixed rollout (its share of it), two rounds, then the weights.
 _ROUND = textwrap.dedent("""
     import sys, torch
@@ -155,16 +221,16 @@ def _update_gap(initial, a, b) -> float:
 
 @pytest.mark.parametrize("plugin", ["zero2", "gemini"])
 def test_micro_batches_accumulate_to_the_update_of_one_batch(tiny_model_path, data, tmp_path, plugin):
-    """16 sequences a step in 4 micro-batches of 4 under ``plugin`` (bf16) against DDP (fp32) with one: the same
-    update up to bf16 rounding. Gemini without gradient accumulation was 100-109% off (it ran later micro-batches on
-    gradients as weights)."""
+    """The consumer's wiring: 16 sequences a step in 4 micro-batches of 4 against the same plugin with one (Adam,
+    two rounds: the SGD test above checks the sum itself). Gemini without gradient accumulation was 100-109% off
+    (it ran later micro-batches on gradients as weights)."""
     from coati_relay.training.booster_backend import load_causal_lm
 
     initial = load_causal_lm(tiny_model_path).state_dict()
-    whole = _train_rounds(tmp_path, tiny_model_path, data, "ddp", 16)
+    whole = _train_rounds(tmp_path, tiny_model_path, data, plugin, 16)
     micro = _train_rounds(tmp_path, tiny_model_path, data, plugin, 4)
     gap = _update_gap(initial, micro["state"], whole["state"])
-    assert gap < 0.25, f"{plugin} with 4 micro-batches is {gap:.0%} off DDP's update"
+    assert gap < 0.1, f"{plugin} with 4 micro-batches is {gap:.0%} off its update with one"
     assert not non_finite(micro["state"])
 
 
@@ -184,3 +250,67 @@ def test_two_consumer_ranks_update_as_one_holding_the_whole_batch(tiny_model_pat
     two = _train_rounds(tmp_path, tiny_model_path, data, "zero2", 4, world=2)
     gap = _update_gap(initial, two["state"], one["state"])
     assert gap < 0.1, f"two ranks are {gap:.0%} off one rank's update"
+
+
+# One consumer step (`_optimizer_step`) on a fixed rollout under ddp on CUDA, for 1, 4 and 16 micro-batches, with the
+# host syncs counted at the CUDA level: torch's sync debug mode warns at every synchronizing CUDA operation ("error"
+# would stop at the first one, which counts nothing).
+_SYNCS = textwrap.dedent("""
+    import sys, warnings, torch
+    from coati_relay.config import build_run_config
+    from coati_relay.consumer import ConsumerWorker
+    from coati_relay.consumer_step import StepRows
+    from coati_relay.training.booster_backend import load_causal_lm
+    from coati_relay.training.distributed import init_process_group
+    rank, world, port, model_path, data, batch_file, out = sys.argv[1:]
+    init_process_group(0, 1, "127.0.0.1", int(port), timeout_s=300)
+    rollout = torch.load(batch_file, weights_only=False)[0]
+    prompts, n, r = rollout.num_prompts, rollout.num_sequences, rollout.response_ids.size(1)
+    counts = {}
+    for micro in (n, 4, 1):
+        cfg = build_run_config(
+            num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
+            inference_batch_size=prompts, inference_microbatch_size=prompts, train_batch_size=prompts,
+            train_minibatch_size=prompts, train_dataset_config={"path": data, "max_length": 32},
+            inference_model_config={"path": model_path}, train_model_config={"path": model_path},
+            generate_config={"max_new_tokens": 8},
+            grpo_config={"lr": 1e-3, "beta": 0.0, "train_microbatch_size": micro},
+            plugin_config={"plugin": "ddp"}, num_generations=rollout.group_size, progress=False)
+        worker = ConsumerWorker.for_models(cfg, load_causal_lm(model_path))
+        worker.train_round(rollout)  # warm-up: kernels and allocator
+        dev = worker.device
+        rows = StepRows(rollout.sequences.to(dev), rollout.attention_mask.to(dev),
+                        rollout.response_mask.float().to(dev), rollout.logprobs.to(dev),
+                        torch.randn(n, r, generator=torch.Generator().manual_seed(0)).to(dev),
+                        torch.ones(n, device=dev), None, None, None)
+        for checked in (False, True):
+            worker.policy.check_finite = checked
+            torch.cuda.synchronize()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    worker._optimizer_step(rows, r)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            counts[(micro, checked)] = sum("synchroniz" in str(w.message).lower() for w in caught)
+    torch.save({"counts": counts, "n": n}, out)
+""")
+
+
+def test_an_optimizer_step_syncs_with_the_host_as_often_whatever_its_micro_batches_on_cuda(tiny_model_path, data,
+                                                                                          tmp_path):
+    """Every synchronizing CUDA operation counts (not only ``Tensor.item``): the step's metrics are read once
+    whatever its micro-batches; the finite checks add one sync per backward (the loss) and one per step (the
+    weights), as documented in `coati_relay.training.finite_checks`."""
+    torch.save(_rollouts(tiny_model_path, 1), tmp_path / "batch.pt")
+    (tmp_path / "syncs.py").write_text(_SYNCS)
+    run_ranks(tmp_path / "syncs.py", 1, [str(free_port()), tiny_model_path, str(data), str(tmp_path / "batch.pt"),
+                                         str(tmp_path / "counts.pt")])
+    record = torch.load(tmp_path / "counts.pt")
+    counts, n = record["counts"], record["n"]
+    unchecked = {micro: counts[(micro, False)] for micro in (n, 4, 1)}
+    assert unchecked[n] > 0, "no sync counted at all: the counter does not see the step's one read"
+    assert len(set(unchecked.values())) == 1, f"host syncs per step by micro-batch size: {unchecked}"
+    by_checks = {micro: counts[(micro, True)] - unchecked[micro] - n // micro for micro in (n, 4, 1)}
+    assert len(set(by_checks.values())) == 1, f"the finite checks' syncs beyond one a backward: {by_checks}"

@@ -81,6 +81,7 @@ def test_a_bf16_engine_matches_a_bf16_policy(tiny_model_path):
                                        rollout.attention_mask.cuda(), rollout.response_ids.size(1)).cpu()
         gaps[dtype] = float(((policy - rollout.logprobs).abs() * mask).sum() / mask.sum())
     assert gaps[torch.bfloat16] < 0.02, gaps
+    assert gaps[torch.bfloat16] < gaps[torch.float32], f"the bf16 engine is closer to the float32 policy: {gaps}"
 
 
 def test_a_sleeping_engine_frees_its_gpu_memory_and_generates_as_before_once_woken(tiny_model_path):

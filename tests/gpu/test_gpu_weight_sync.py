@@ -1,7 +1,7 @@
 """``weight_sync="collective"`` on CUDA: consumer rank 0 (training on its GPU) broadcasts every version to the
-producer, which generates on its GPU with each one in lock-step. Members sharing a GPU (the lane's own cluster
-declares one device as two logical GPUs) use gloo, which works there; NCCL, which refuses that, only where every
-member has a GPU of its own."""
+producer, which generates on its GPU with each one in lock-step; what the producer receives is what was sent, value
+for value. Members sharing a GPU (the lane's own cluster declares one device as two logical GPUs) use gloo, which
+works there; NCCL, which refuses that, only where every member has a GPU of its own."""
 from __future__ import annotations
 
 import textwrap
@@ -46,6 +46,43 @@ def test_two_members_on_one_gpu_broadcast_over_gloo():
     worker.join(timeout=60)
     for dt, b in sent.items():
         assert torch.equal(received[dt].cpu(), b.cpu()), dt
+
+
+def test_collective_sync_delivers_a_trained_models_weights_value_for_value(gpu_ray_cluster, tiny_model_path):
+    """The publisher and subscriber of ``weight_sync="collective"`` with a model's CUDA weights (perturbed, so not the
+    file's): the producer receives every tensor with its name, dtype and values, and a model loading them computes
+    the publisher's logits exactly."""
+    from transformers import AutoModelForCausalLM
+
+    from coati_relay.training.rendezvous import host_store
+    from coati_relay.weight_sync import make_weight_store
+    from coati_relay.weight_sync_collective import CollectivePublisher, CollectiveSubscriber
+
+    def model(dtype):
+        return AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=dtype).cuda().eval()
+
+    store, hosted, made = make_weight_store(), host_store(2, timeout_s=60), {}
+    joiner = threading.Thread(target=lambda: made.setdefault("sub", CollectiveSubscriber(
+        store, "127.0.0.1", hosted.port, 1, 2, 1, timeout_s=60)))
+    joiner.start()
+    publisher = CollectivePublisher(store, hosted, 2, timeout_s=60)
+    joiner.join(timeout=60)
+    ids = torch.randint(2, 300, (2, 12), generator=torch.Generator().manual_seed(0)).cuda()
+    for version, dtype in ((1, torch.float32), (2, torch.bfloat16)):
+        trained = model(dtype)
+        with torch.no_grad():
+            for p in trained.parameters():
+                p.add_(torch.randn_like(p) * 0.01)
+        sent = {k: v.detach().clone() for k, v in trained.state_dict().items()}
+        publisher.publish(version, tensors={k: v.to(publisher.device) for k, v in sent.items()})
+        got_version, got = made["sub"].fetch(version, timeout_s=60)
+        assert got_version == version and set(got) == set(sent)
+        for k, v in sent.items():
+            assert got[k].dtype == v.dtype and torch.equal(got[k].cpu(), v.cpu()), k
+        receiver = model(dtype)
+        receiver.load_state_dict({k: v.cuda() for k, v in got.items()})
+        with torch.no_grad():
+            assert torch.equal(receiver(input_ids=ids).logits, trained(input_ids=ids).logits)
 
 
 _MEMBER = textwrap.dedent("""
