@@ -246,20 +246,22 @@ class ConsumerWorker:
             rollouts += [x for x in fetched if x is not None]
         return entries, rollouts
 
-    def run(self) -> List[Dict[str, Any]]:
-        """Trains every remaining round; returns this rank's metrics history."""
+    def run(self) -> Dict[str, int]:
+        """Trains every remaining round; returns ``{"rounds": rounds trained, "last_round": the round reached}``.
+
+        Rank 0 posts each round's metrics to the queue's report log, where the driver collects the run's history;
+        no rank keeps them (a run of any length holds no per-round record here)."""
         import ray
 
-        history = []
+        first = self.round
         while self.round < self.cfg.total_rounds:
             t0 = time.perf_counter()
             entries, rollouts = self._take(self.cfg.entries_per_consumer, self.round)
             metrics = self.finish_round(rollouts, [e.meta for e in entries], [e.version for e in entries], t0,
                                         wait_s=time.perf_counter() - t0)
-            history.append(metrics)
             if self.rank == 0:
                 ray.get(self.queue.report.remote(metrics), timeout=30)
-        return history
+        return {"rounds": self.round - first, "last_round": self.round}
 
     def finish_round(self, rollouts: List[Rollout], metas: List[Dict[str, float]], versions: List[int], t0: float,
                      wait_s: float) -> Dict[str, Any]:

@@ -145,7 +145,10 @@ def run(cfg: RunConfig) -> RunResult:
         run_refs = {c.run.remote(): c for c in consumers}
         run_refs.update({p.run.remote(): p for p in producers})
 
+        history: List[Dict[str, Any]] = []  # consumer rank 0's records, as the queue's report log passed them on
+
         def on_report(rec: Dict[str, Any]) -> None:
+            history.append(rec)
             numbers = {k: v for k, v in rec.items() if k not in ("step", "time") and isinstance(v, (int, float))}
             logger.log(int(rec["step"]), numbers)
             bar.update(int(rec["step"]) - 1, numbers)
@@ -163,7 +166,6 @@ def run(cfg: RunConfig) -> RunResult:
         for actor in started:
             ray.kill(actor, no_restart=True)
         remove_placement_group(pg)
-    history = results[consumers[0]]
     checkpoints = [h["checkpoint"] for h in history if "checkpoint" in h]
     summary = run_summary(logger.history)
     summary["setup_s"] = setup_s

@@ -79,6 +79,7 @@ class MetricsLogger:
     resumed run restarts from; records of later steps describe work its checkpoint does not hold (the run was
     killed after them), so they are removed from the file and each step is logged once. ``trackers``
     (`coati_relay.trackers.Trackers`): each step's metrics go to them too, after the file; `close` closes them.
+    The records live in the file only: a run of any length holds none of them in memory here.
     """
 
     def __init__(self, run_dir: Union[str, os.PathLike], drop_after: Optional[int] = None,
@@ -87,8 +88,7 @@ class MetricsLogger:
         self.trackers = trackers
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
-        self._history: List[Dict[str, Any]] = read_metrics(self.run_dir) if self.path.is_file() else []
-        if drop_after is not None and any(r["step"] > drop_after for r in self._history):
+        if drop_after is not None and self.path.is_file() and any(r["step"] > drop_after for r in self.history):
             lines = [line for line in self.path.read_text(encoding="utf-8").splitlines() if line.strip()]
             kept = [line for line in lines if _step_of(line) <= drop_after]
             logger.warning("%s: dropping %d record(s) after step %d, which the resumed checkpoint does not hold",
@@ -96,12 +96,11 @@ class MetricsLogger:
             tmp = self.path.with_name(f".{self.path.name}.tmp")
             tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
             os.replace(tmp, self.path)
-            self._history = [r for r in self._history if r["step"] <= drop_after]
 
     @property
     def history(self) -> List[Dict[str, Any]]:
-        """Every record of this run so far, as `read_metrics` would return them."""
-        return self._history
+        """Every record of this run so far, as `read_metrics` returns them (read from the file at each call)."""
+        return read_metrics(self.run_dir) if self.path.is_file() else []
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> Dict[str, Any]:
         """Writes ``{"step", "time", **metrics}`` as one line and returns the record (non-finite values as NaN)."""
@@ -121,7 +120,6 @@ class MetricsLogger:
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
         record = {k: (v if not isinstance(v, float) or math.isfinite(v) else math.nan) for k, v in record.items()}
-        self._history.append(record)
         if self.trackers:
             self.trackers.log(step, {k: v for k, v in record.items() if k not in _RESERVED})
         return record
@@ -248,14 +246,27 @@ def run_summary(history: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
 
 
 class ReportLog:
-    """Consumer metrics records in order of posting; the driver polls for the ones it has not seen."""
+    """Consumer metrics records in order of posting, for one reader (the driver) that polls for the ones it has not
+    seen. A record is held until the reader has it: ``since(index)`` says the reader holds the first ``index``
+    records, which are forgotten, so a run of any length holds only the records posted since the last poll."""
 
     def __init__(self) -> None:
         self._records: List[Dict[str, Any]] = []
+        self._first = 0  # the index (in posting order) of ``_records[0]``
 
     def post(self, record: Dict[str, Any]) -> None:
         self._records.append(record)
 
     def since(self, index: int = 0) -> List[Dict[str, Any]]:
-        """Records ``index`` onwards (``index`` = how many the caller has read)."""
-        return self._records[index:]
+        """Records ``index`` onwards (``index`` = how many the caller has read); forgets the ones before it.
+        Raises ValueError when ``index`` asks for forgotten records or runs past those posted."""
+        if not self._first <= index <= self._first + len(self._records):
+            raise ValueError(f"ReportLog.since({index}): the reader read (and this log forgot) {self._first} "
+                             f"records and {len(self._records)} more are held; pass how many the reader holds")
+        del self._records[:index - self._first]
+        self._first = index
+        return list(self._records)
+
+    def __len__(self) -> int:
+        """Records held (posted and not yet read)."""
+        return len(self._records)

@@ -165,6 +165,13 @@ def on_head_node() -> Dict[str, Any]:
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(heads[0], soft=False)} if heads else {}
 
 
+# Ray actor options of the run's service actors (the rollout queue, the weight store). No CPU reserved: they only
+# move references. No task events: the roles call them a dozen times a round, and Ray's GCS keeps an event record of
+# every call of an actor that reports them (up to ``RAY_task_events_max_num_task_in_gcs``, 100,000 by default), so a
+# long run's GCS grew with every round.
+SERVICE_ACTOR_OPTIONS: Dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1000, "enable_task_events": False}
+
+
 class ServiceActor:
     """Base of the run's service actors (the rollout queue, the weight store): what the driver asks of each."""
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from coati_relay.metrics import ReportLog
-from coati_relay.placement import ServiceActor
+from coati_relay.placement import SERVICE_ACTOR_OPTIONS, ServiceActor
 from coati_relay.task_board import TaskBoard
 from coati_relay.waiting import wait_until
 
@@ -256,14 +256,16 @@ class RolloutQueueActor(ServiceActor):
             raise QueueClosed(str(exc)) from None
 
     def report(self, record: Dict[str, Any]) -> None:
-        """Consumer rank 0 posts one metrics record per step; the driver reads them with `reports`."""
+        """Consumer rank 0 posts one metrics record per step; the driver reads them with `progress`."""
         self.log.post(record)
 
     def reports(self, since: int = 0) -> List[Dict[str, Any]]:
+        """The reports posted after the first ``since``, which the reader holds and the log forgets."""
         return self.log.since(since)
 
     def progress(self, since: int = 0) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
-        """(the reports posted after the first ``since``, the counters): what the driver polls every second."""
+        """(the reports posted after the first ``since``, the counters): what the driver polls every second. The
+        first ``since`` reports are forgotten (the driver holds them): the log holds a poll's worth, not the run."""
         return self.log.since(since), self.counters()
 
     async def entries_taken(self, fetched: List[Optional[int]], lost: List[Optional[int]]) -> List[int]:
@@ -297,7 +299,7 @@ def make_rollout_queue(maxsize: int = 0, staleness: Optional[int] = 0, total_tas
     ``options``: more Ray actor options (e.g. a scheduling strategy)."""
     import ray
 
-    opts: Dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1000, **options}
+    opts: Dict[str, Any] = {**SERVICE_ACTOR_OPTIONS, **options}
     if name:
         opts["name"] = name
     if namespace:

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from coati_relay.placement import ServiceActor
+from coati_relay.placement import SERVICE_ACTOR_OPTIONS, ServiceActor
 from coati_relay.waiting import wait_until
 
 
@@ -54,7 +54,7 @@ def make_weight_store(name: Optional[str] = None, namespace: Optional[str] = Non
     """Starts a `WeightStoreActor` (no CPU reserved) and returns its handle; ``options``: more Ray actor options."""
     import ray
 
-    opts: Dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1000, **options}
+    opts: Dict[str, Any] = {**SERVICE_ACTOR_OPTIONS, **options}
     if name:
         opts["name"] = name
     if namespace:

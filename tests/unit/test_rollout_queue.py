@@ -80,6 +80,23 @@ def test_report_log_returns_what_the_reader_has_not_seen():
     assert log.since(0) == [{"step": 1}, {"step": 2}] and log.since(1) == [{"step": 2}] and log.since(2) == []
 
 
+def test_report_log_forgets_what_the_reader_holds():
+    """A long run's log holds the records of one poll, not of the run: reading ``since(n)`` forgets the first n."""
+    log = ReportLog()
+    for step in range(1, 1001):
+        log.post({"step": step})
+        if step % 10 == 0:
+            assert [r["step"] for r in log.since(step - 10)] == list(range(step - 9, step + 1))
+    assert len(log) == 10, "the last poll's records only"
+    assert [r["step"] for r in log.since(1000)] == [] and len(log) == 0
+    log.post({"step": 1001})
+    assert log.since(1000) == [{"step": 1001}]
+    with pytest.raises(ValueError, match="forgot"):
+        log.since(3)  # already read, and gone
+    with pytest.raises(ValueError, match="forgot"):
+        log.since(1002)  # more than was posted
+
+
 @pytest.mark.slow
 def test_actor_backpressure_timeout_and_conservation(ray_cluster):
     ray = ray_cluster
