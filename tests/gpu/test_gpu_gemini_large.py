@@ -30,11 +30,11 @@ _LEGACY = textwrap.dedent(f"""
     def weights(strategy, actor):
         return {{k: v.detach().cpu().clone() for k, v in next(strategy.get_model_state_dict_shard(actor)).items()}}
 
-    def refusal(call):
+    def refusal(call):  # what the call raised (any error, named, so that a failure shows what it was)
         try:
             call()
-        except RuntimeError as exc:
-            return str(exc)
+        except Exception as exc:
+            return f"{{type(exc).__name__}}: {{exc}}"
         return None
 
     strategy = getattr(strategies, cls)(**json.loads(kwargs))
@@ -77,7 +77,7 @@ _BACKEND = textwrap.dedent(f"""
     from transformers import GPT2Config, GPT2LMHeadModel
     from coati_relay.training.booster_backend import TrainingBackend
     from coati_relay.training.distributed import init_process_group
-    from coati_relay.training.gemini_guards import GradientAccumulationError, releases_parameters
+    from coati_relay.training.gemini_guards import releases_parameters
     rank, world, port, out = sys.argv[1:]
     init_process_group(int(rank), int(world), "127.0.0.1", int(port), timeout_s=300)
     config = {CONFIG}
@@ -104,8 +104,8 @@ _BACKEND = textwrap.dedent(f"""
     try:
         backend.backward(backend.model(input_ids=ids, labels=ids).loss)
         refused = None
-    except GradientAccumulationError as exc:
-        refused = str(exc)
+    except Exception as exc:  # any error, named: the test expects GradientAccumulationError
+        refused = f"{{type(exc).__name__}}: {{exc}}"
     torch.save({{"releases": releases_parameters(backend.model), "losses": losses, "initial": initial,
                 "trained": trained, "before_load": before_load, "resumed": resumed, "refused": refused}}, out)
 """)
@@ -140,9 +140,9 @@ def test_a_legacy_gemini_strategy_trains_round_trips_and_refuses_reads_above_the
     assert not _close(got["before_load"], got["trained"]), "the second actor started from the trained weights"
     assert _close(got["loaded"], got["trained"]), "load_model did not restore what save_model wrote"
     refused = got["refused"]
-    assert refused["generate"] and "generate on the actor is refused" in refused["generate"], refused
-    assert refused["save_pretrained"] and "stage-3 does not support save_pretrained" in refused["save_pretrained"]
-    assert refused["second backward"] and "enable_gradient_accumulation" in refused["second backward"], refused
+    assert (refused["generate"] or "").startswith("RuntimeError: generate on the actor is refused"), refused
+    assert "stage-3 does not support save_pretrained" in (refused["save_pretrained"] or ""), refused
+    assert (refused["second backward"] or "").startswith("GradientAccumulationError"), refused
 
 
 def test_training_backend_checks_each_gemini_step_and_resumes_above_the_chunk_threshold(tmp_path):
@@ -153,4 +153,5 @@ def test_training_backend_checks_each_gemini_step_and_resumes_above_the_chunk_th
     _check_trained(got)
     assert not _close(got["before_load"], got["trained"])
     assert _close(got["resumed"], got["trained"]), "the resumed backend does not hold the saved weights"
-    assert got["refused"] and "second backward of the policy" in got["refused"], got["refused"]
+    assert (got["refused"] or "").startswith("GradientAccumulationError: a second backward of the policy"), \
+        got["refused"]
