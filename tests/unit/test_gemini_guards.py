@@ -185,3 +185,17 @@ def test_the_backend_refuses_a_step_on_gradients_gemini_found_non_finite():
     with pytest.raises(NonFiniteTrainingError, match="Gemini's gradient chunks.*not applied"):
         backend.step()
     assert torch.equal(model.weight, before)
+
+
+def test_a_backend_that_gemini_holds_gets_the_guard_and_the_alias_hook(monkeypatch):
+    """The wiring of `TrainingBackend._wrap` (here over the ddp plugin, flagged as Gemini-held)."""
+    monkeypatch.setattr(TrainingBackend, "shards_parameters", property(lambda self: self.booster is not None))
+    model = tied_gpt2(0)
+    backend = TrainingBackend.around(model, torch.optim.SGD(model.parameters(), lr=0.1), plugin="ddp",
+                                     name="policy")
+    assert isinstance(backend.gemini_guard, GeminiStepGuard) and not backend.gemini_guard.accumulates
+    assert len(backend.model._load_state_dict_pre_hooks) == 1
+    ids = torch.randint(0, 40, (2, 6), generator=torch.Generator().manual_seed(0))
+    backend.backward(backend.model(input_ids=ids, labels=ids).loss)
+    with pytest.raises(GradientAccumulationError):
+        backend.backward(backend.model(input_ids=ids, labels=ids).loss)
