@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from coati_relay import algorithms
-from coati_relay.config_algorithm import build_algorithm
+from coati_relay.config_algorithm import AlgorithmConfig, build_algorithm
 from coati_relay.config_colocate import check_colocate
 from coati_relay.config_inference import follow_training_precision
 from coati_relay.config_keys import (
@@ -312,7 +312,7 @@ def build_run_config(
                                         resume_from, tmc.get("checkpoint_path"))
     data = _data(errors, tdc, models.tokenizer_path, batches.inference_batch_size * roles.num_producers)
     if not errors:
-        reward, user_code = _ship(errors, reward, core_algo, bool(rm_cfg))
+        reward, user_code = _ship(errors, reward, core_algo, bool(rm_cfg), algo)
     if errors:
         raise ConfigError("invalid launch configuration:\n  - " + "\n  - ".join(errors))
     return RunConfig(roles=roles, batches=batches, models=models, data=data, sampling=sampling, plugin=plugin,
@@ -360,16 +360,17 @@ def _run_settings(errors: List[str], seed: Any, progress: Any, project_name: Any
                                resume_from=None if resume is None else str(resume))
 
 
-def _ship(errors: List[str], reward: Any, core_algo: str, reward_model: bool) -> Tuple[Any, UserCode]:
+def _ship(errors: List[str], reward: Any, core_algo: str, reward_model: bool,
+          algo: AlgorithmConfig) -> Tuple[Any, UserCode]:
     """The reward as the actors get it, and the user's registry entries the run needs in every actor
-    (`coati_relay.user_code`): a user callable travels by value, and so do a reward and an estimator registered in
-    the driver only."""
+    (`coati_relay.user_code`): a user callable travels by value, and so do a reward, an estimator, losses and a KL
+    estimator registered in the driver only."""
     try:
         if reward_model:
-            return reward, UserCode(user_entries(None, core_algo))
+            return reward, UserCode(user_entries(None, core_algo, algo))
         if callable(reward) and not comes_with_engine(reward):
             reward = ByValue(reward, f"grpo_config['reward_fn'] ({module_name(reward)})")
-        return reward, UserCode(user_entries(reward, core_algo))
+        return reward, UserCode(user_entries(reward, core_algo, algo))
     except UserCodeError as exc:
         errors.append(str(exc))
         return reward, UserCode()

@@ -37,11 +37,25 @@ def _pair(v: Any) -> bool:
 
 
 class Key(NamedTuple):
-    """default: a value, or a function of the given keys; check: True for a valid value; expect: what is valid."""
+    """default: a value, or a function of the given keys; check: True for a valid value; expect: what is valid (or
+    a function of the value that says it); help: what the setting does, where its name does not say it."""
 
     default: Any
     check: Callable[[Any], bool]
-    expect: str
+    expect: Any
+    help: str = ""
+
+
+def _registered(kind: str) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, str) and v.lower() in algorithms.names(kind)
+
+
+def _registered_names(kind: str) -> Callable[[Any], str]:
+    def expect(value: Any) -> str:
+        hint = closest(str(value).lower(), algorithms.names(kind))
+        return (f"the name of a registered {kind} function, one of {algorithms.names(kind)} (add your own with "
+                f"@register({kind!r}, 'name') where the driver imports it){hint}")
+    return expect
 
 
 ALGORITHM_KEYS: Dict[str, Key] = {
@@ -68,6 +82,17 @@ ALGORITHM_KEYS: Dict[str, Key] = {
     "lr_scheduler": Key("constant", lambda v: v in (None, "constant", "cosine"), "None, 'constant' or 'cosine'"),
     "warmup_steps": Key(0, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an int >= 0"),
     "max_grad_norm": Key(None, lambda v: v is None or _positive(v), "None or a number > 0"),
+    "policy_loss": Key("ppo_clip", _registered("policy_loss"), _registered_names("policy_loss"),
+                       "the policy loss the learner calls, by its registered name: 'ppo_clip' is the clipped "
+                       "surrogate with an asymmetric clip and beta * KL (coati_relay.algorithms.losses)"),
+    "value_loss": Key("clipped", _registered("value_loss"), _registered_names("value_loss"),
+                      "the critic's loss (algorithms with a critic: PPO), by its registered name: 'clipped' is the "
+                      "clipped value loss with value_clip"),
+    "kl_estimator": Key("k3", _registered("kl"), _registered_names("kl"),
+                        "the per-token KL(policy || reference) estimator of the beta term, in the policy loss "
+                        "(GRPO, DAPO, RLOO) or folded into REINFORCE++'s advantages: 'k1' (logp - ref_logp), 'k2' "
+                        "((ref_logp - logp)^2 / 2) or 'k3' (exp(x) - 1 - x, x = ref_logp - logp); PPO's rewards "
+                        "carry k1 whatever this says"),
 }
 
 # grpo_config keys that other parts of the configuration read.
@@ -109,7 +134,9 @@ class AlgorithmConfig:
     lr_scheduler: Optional[str]
     warmup_steps: int
     max_grad_norm: Optional[float]
-
+    policy_loss: str
+    value_loss: str
+    kl_estimator: str
 
 
 def core_algos() -> List[str]:
@@ -138,6 +165,7 @@ def build_algorithm(errors: List[str], core_algo: Any, grpo: Mapping[str, Any],
         default = spec.defaults.get(key, entry.default)
         value = grpo[key] if key in grpo else (default(grpo) if callable(default) else default)
         if not entry.check(value):
-            errors.append(f"grpo_config['{key}'] must be {entry.expect}, got {value!r}")
+            expect = entry.expect(value) if callable(entry.expect) else entry.expect
+            errors.append(f"grpo_config['{key}'] must be {expect}, got {value!r}")
         values[key] = value
     return AlgorithmConfig(**values)

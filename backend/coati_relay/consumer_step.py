@@ -3,8 +3,10 @@ the step's rows, the rows per forward, and the step over its micro-batches.
 
 The loss is that of the step's whole batch (all ranks, all micro-batches): each micro-batch's loss is its sum over
 kept samples (tokens) divided by the kept samples (tokens) summed over the data-parallel group, and is multiplied by
-the group's size, since the plugins average gradients over it. The metrics stay tensors on the training device over
-the micro-batches and are read once, after them: each read waits for a GPU.
+the group's size, since the plugins average gradients over it. The policy loss, the value loss and the KL estimator
+are the functions registered under the names the algorithm settings give (``policy_loss``, ``value_loss``,
+``kl_estimator``; `coati_relay.algorithms.registry` documents their signatures). The metrics stay tensors on the
+training device over the micro-batches and are read once, after them: each read waits for a GPU.
 """
 from __future__ import annotations
 
@@ -60,28 +62,32 @@ def optimizer_step(worker: Any, rows: StepRows, num_resp: int) -> Dict[str, floa
         return {"skipped_steps": 1.0}
     sums: Dict[str, torch.Tensor] = {}  # on the device, read once after the step
     dp = worker.world_size
+    # The run's functions by their registered names (grpo_config): the built-ins or the user's own.
+    policy_loss, kl_estimate = algos.get("policy_loss", a.policy_loss), algos.get("kl", a.kl_estimator)
     worker.policy.train()
     for s in range(0, n, micro):
         part = rows.take(slice(s, s + micro))
         share = part.seq.size(0) / n
         if train_policy:
             logp = worker._logprobs(worker.policy.model, part.seq, part.attn, num_resp)
-            kl = None if part.ref_logp is None else algos.kl_estimate(logp, part.ref_logp, kind="k3")
-            loss, st = algos.policy_loss(
+            kl = None if part.ref_logp is None else kl_estimate(logp, part.ref_logp)
+            loss, st = policy_loss(
                 logp, part.old_logp, part.adv, part.mask, clip_eps_low=a.clip_eps_low,
                 clip_eps_high=a.clip_eps_high, aggregation=a.loss_variation, per_token_kl=kl,
                 beta=a.beta if worker.spec.kl_in_loss else 0.0, loss_mask=part.loss_mask,
                 total_tokens=kept_tokens, num_samples=kept_samples, stats_on_host=False)
             worker.policy.backward(loss * dp)
             _add(sums, "loss", loss.detach())
-            _add(sums, "clip_frac", st["clip_frac"] * share)
+            if "clip_frac" in st:
+                _add(sums, "clip_frac", torch.as_tensor(st["clip_frac"], dtype=torch.float32,
+                                                        device=loss.device) * share)
             if kl is not None:
                 _add(sums, "kl", algos.masked_mean(kl, part.mask).detach() * share)
         if worker.critic is not None:
             worker.critic.train()
             v = worker._values(part.seq, part.attn, part.seq.size(1) - num_resp, num_resp)
-            vloss = algos.value_loss(v, part.values, part.returns, clip_eps=a.value_clip, mask=part.mask,
-                                     total_tokens=valid_tokens)
+            vloss = algos.get("value_loss", a.value_loss)(v, part.values, part.returns, clip_eps=a.value_clip,
+                                                          mask=part.mask, total_tokens=valid_tokens)
             worker.critic.backward(vloss * dp)
             _add(sums, "value_loss", vloss.detach())
     keys = sorted(sums)

@@ -1,8 +1,9 @@
-"""User rewards and advantage estimators, carried to every actor by value.
+"""User rewards, advantage estimators, losses and KL estimators, carried to every actor by value.
 
-A reward (``@register_reward``) or an advantage estimator (``@register("advantage", ...)``) registered in the
-driver, in the user's ``__main__`` script or in a module only the driver can import, passes the driver's checks;
-the actors are other interpreters that never ran that registration. `UserCode` holds the entries a run uses that do
+A reward (``@register_reward``), an advantage estimator (``@register("advantage", ...)``), a policy or value loss or
+a KL estimator (``@register("policy_loss", ...)``, ``"value_loss"``, ``"kl"``) registered in the driver, in the
+user's ``__main__`` script or in a module only the driver can import, passes the driver's checks; the actors are
+other interpreters that never ran that registration. `UserCode` holds the entries a run uses that do
 not come with coati-relay, pickled once in the driver and by value (cloudpickle): the function's code travels, and
 so does everything its own top-level package defines; other imports travel by reference, as do modules installed
 in site-packages (install those on every node). Unpickling a `UserCode` registers its entries in the actor. Ray
@@ -24,7 +25,9 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 log = logging.getLogger(__name__)
 
 ENGINE_PACKAGES = ("coati_relay", "coati_compat")  # every actor imports these: their entries need no shipping
-KINDS = ("reward", "advantage")
+KINDS = ("reward", "advantage", "policy_loss", "value_loss", "kl")
+# grpo_config settings that name a registered function, by kind (core_algo names the "advantage" one).
+NAMED_BY = {"policy_loss": "policy_loss", "value_loss": "value_loss", "kl": "kl_estimator"}
 
 
 class UserCodeError(ValueError):
@@ -87,7 +90,7 @@ def dumps_by_value(obj: Any, fn: Callable, what: str) -> bytes:
 
 @dataclass(frozen=True)
 class Entry:
-    """A registry entry: ``kind`` "reward" or "advantage"; ``spec`` the estimator's AlgorithmSpec (advantage)."""
+    """A registry entry: ``kind`` one of `KINDS`; ``spec`` the estimator's AlgorithmSpec (advantage only)."""
 
     kind: str
     name: str
@@ -106,9 +109,9 @@ def _register(entry: Entry) -> None:
     else:
         from coati_relay import algorithms
 
-        taken = entry.name.lower() in algorithms.names("advantage")
+        taken = entry.name.lower() in algorithms.names(entry.kind)
         if not taken:
-            algorithms.register("advantage", entry.name, spec=entry.spec)(entry.fn)
+            algorithms.register(entry.kind, entry.name, spec=entry.spec)(entry.fn)
     if taken:
         log.debug("%s %r is registered here already; keeping this process's own", entry.kind, entry.name)
 
@@ -172,9 +175,10 @@ class ByValue:
         return cloudpickle.loads, (self.blob,)
 
 
-def user_entries(reward: Any, core_algo: Optional[str]) -> List[Entry]:
-    """The registry entries of the run's reward (a registered name) and estimator (``core_algo``) that do not come
-    with coati-relay (call after both were checked to exist)."""
+def user_entries(reward: Any, core_algo: Optional[str], algo: Any = None) -> List[Entry]:
+    """The registry entries of the run's reward (a registered name), estimator (``core_algo``) and, from ``algo``
+    (an `AlgorithmConfig`), losses and KL estimator that do not come with coati-relay (call after each was checked
+    to exist)."""
     entries = []
     if isinstance(reward, str):
         from coati_relay.rewards.registry import registered_reward
@@ -188,4 +192,12 @@ def user_entries(reward: Any, core_algo: Optional[str]) -> List[Entry]:
         fn = algorithms.get("advantage", core_algo)
         if not comes_with_engine(fn):
             entries.append(Entry("advantage", core_algo.lower(), fn, algorithms.spec(core_algo)))
+    if algo is not None:
+        from coati_relay import algorithms
+
+        for kind, setting in NAMED_BY.items():
+            name = getattr(algo, setting).lower()
+            fn = algorithms.get(kind, name)
+            if not comes_with_engine(fn):
+                entries.append(Entry(kind, name, fn))
     return entries

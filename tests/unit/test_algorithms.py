@@ -101,7 +101,7 @@ def test_group_advantage(algo, expected):
 
 
 def test_reinforce_ppb_whitens_without_a_reference_model_too():
-    params = type("P", (), {"beta": 0.5})
+    params = type("P", (), {"beta": 0.5, "kl_estimator": "k3"})
     mask = T([[1.0, 1.0, 0.0]] * 4 + [[1.0, 1.0, 1.0]] * 4)
     out = alg.get("advantage", "reinforce_ppb")(alg.AdvantageInputs(REWARDS, 4, mask, torch.zeros(8, 3)), params)
     centred = T([0.5, -0.5, -0.5, 0.5, -3.0, -1.0, 1.0, 3.0]).unsqueeze(1).expand(8, 3)
@@ -123,7 +123,7 @@ def test_whitening_over_ranks_uses_the_statistics_of_the_whole_batch():
 
 
 def test_reinforce_ppb_folds_the_kl_into_whitened_advantages():
-    params = type("P", (), {"beta": 0.5})
+    params = type("P", (), {"beta": 0.5, "kl_estimator": "k3"})
     ref = torch.full((8, 3), -1.0)  # behaviour log-probs are 0
     out = alg.get("advantage", "reinforce_ppb")(_inputs(REWARDS, 4, ref_logprobs=ref), params)
     k3 = math.exp(-1.0) - 1 + 1.0  # x = ref - logp = -1 on every token

@@ -7,9 +7,9 @@ tokens.
 
 - ``grpo``, ``dapo``: ``(r - mean_g) / (std_g + eps)`` per group; [N, 1]. DAPO differs only in its defaults.
 - ``rloo``: r minus the mean of the other G - 1 rewards; [N, 1].
-- ``reinforce_ppb``: ``r - mean_g``, minus ``beta * k3`` with a reference model, whitened over the valid tokens of
-  the global batch (every data-parallel rank's: a collective); [N, R]; the KL is in the advantages, not in the
-  loss.
+- ``reinforce_ppb``: ``r - mean_g``, minus ``beta * KL`` (``kl_estimator``, k3 by default) with a reference model,
+  whitened over the valid tokens of the global batch (every data-parallel rank's: a collective); [N, R]; the KL is
+  in the advantages, not in the loss.
 - ``ppo``: per-token rewards ``-kl_coef * k1`` plus r on the last token, GAE over the critic's values (whitened when
   ``normalize_advantages``); advantages and returns [N, R].
 """
@@ -74,7 +74,7 @@ def reinforce_ppb(inputs: AdvantageInputs, params: Any) -> Advantages:
     advantages = group_advantage(inputs.rewards, inputs.group_size, "reinforce_pp").unsqueeze(1)
     kl = None
     if inputs.ref_logprobs is not None:
-        kl = kl_estimate(inputs.logprobs, inputs.ref_logprobs, kind="k3")
+        kl = kl_estimate(inputs.logprobs, inputs.ref_logprobs, kind=params.kl_estimator)
     return Advantages(kl_folded_advantages(advantages, kl, inputs.mask, params.beta, all_reduce=all_reduce_sum))
 
 

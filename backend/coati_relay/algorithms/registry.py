@@ -5,11 +5,26 @@ Kinds and the one signature each kind's functions have:
 - ``advantage``: ``fn(inputs: AdvantageInputs, params: AlgorithmConfig) -> Advantages`` (see
   `coati_relay.algorithms.estimators`). The registered names are the accepted ``core_algo`` values (case-insensitive),
   and each entry carries its `AlgorithmSpec` (critic or not, group size, KL placement, default settings).
-- ``policy_loss``: ``fn(logp, old_logp, advantages, mask, **options) -> (loss, stats)``.
-- ``value_loss``: ``fn(values, old_values, returns, clip_eps, mask) -> loss``.
-- ``kl``: ``fn(logp, ref_logp) -> per-token KL`` ([B,T] each).
+- ``policy_loss``: ``fn(logp, old_logp, advantages, mask, **options) -> (loss, stats)`` (the built-in:
+  ``ppo_clip``, `coati_relay.algorithms.losses.policy_loss`, whose docstring gives the formula). logp: [B,T]
+  log-probs of the policy being trained (with grad); old_logp: [B,T] behaviour log-probs; advantages: [B,1] or
+  [B,T]; mask: [B,T] float, 1 on response tokens. ``options`` (keywords, always all given by the learner):
+  ``clip_eps_low``, ``clip_eps_high``, ``aggregation`` (``loss_variation``), ``per_token_kl`` ([B,T] or None),
+  ``beta`` (0 where the estimator keeps the KL out of the loss), ``loss_mask`` ([B], 1 for kept samples),
+  ``total_tokens`` and ``num_samples`` (kept tokens and kept samples of the whole optimizer step: over every
+  micro-batch and data-parallel rank: divide by them, not by this micro-batch's counts), ``stats_on_host``.
+  Returns a scalar loss and a dict of stats: ``clip_frac`` (float or 0-dim tensor) is logged where present.
+- ``value_loss``: ``fn(values, old_values, returns, clip_eps, mask, total_tokens) -> loss`` (the built-in:
+  ``clipped``). values: [B,T] of the critic being trained (with grad); old_values: [B,T] at rollout time; returns:
+  [B,T] targets; mask: [B,T]; clip_eps: ``value_clip``; total_tokens: valid tokens of the whole optimizer step (the
+  masked sum divided by it is this micro-batch's share). Returns a scalar.
+- ``kl``: ``fn(logp, ref_logp) -> per-token KL`` ([B,T] each; k1, k2, k3 built in).
 
-Adding an advantage estimator is one registered function (``@register("advantage", "name", spec=...)``) and its test.
+A run names its functions in ``grpo_config``: ``core_algo`` the advantage estimator, ``policy_loss``,
+``value_loss`` and ``kl_estimator`` the others (`coati_relay.config_algorithm`); the learner looks them up here
+where it uses them (`coati_relay.consumer_step`). Adding one is one registered function (``@register("advantage",
+"name", spec=...)``, ``@register("policy_loss", "name")``, ...) and its test; a user's travels to the actors by value
+(`coati_relay.user_code`).
 """
 from __future__ import annotations
 
