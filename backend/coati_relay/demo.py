@@ -96,13 +96,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="coati-relay demo", description=__doc__)
-    p.add_argument("--out", default="runs/demo")
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--out", default="runs/demo", help="directory of the runs and their plots (default runs/demo)")
+    p.add_argument("--steps", type=int, default=20, help="steps (weight versions) of each run (default 20)")
     p.add_argument("--mode", default="colocated", choices=["colocated", "disaggregated"],
                    help="colocated: producer and consumer in this process (default); disaggregated: Ray actors")
     p.add_argument("--backend", default=None, choices=["vllm", "transformers"],
                    help="the producer's backend (default: transformers colocated, vllm disaggregated)")
-    p.add_argument("--no-legacy", action="store_true")
+    p.add_argument("--no-legacy", action="store_true", help="leave out the legacy coati.ray PPO run")
     a = p.parse_args(argv)
     run_demo(a.out, a.steps, a.backend, legacy=not a.no_legacy, colocate=a.mode == "colocated")
     return 0

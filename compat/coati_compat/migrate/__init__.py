@@ -7,7 +7,20 @@ The legacy script is read with `ast`, never run. See ``migration_guide/rewriter.
 """
 from __future__ import annotations
 
-from coati_compat.migrate.analyze import LegacyScript, analyze_file, analyze_source
-from coati_compat.migrate.rewrite import Migration, migrate_file, migrate_source
+import importlib
+from typing import Any
+
+# Imported on first use: the rewriter pulls in transformers (the legacy tables), and `coati-relay --help` imports
+# this package to list the subcommand.
+_HOMES = {"Migration": "rewrite", "migrate_file": "rewrite", "migrate_source": "rewrite",
+          "LegacyScript": "analyze", "analyze_file": "analyze", "analyze_source": "analyze"}
 
 __all__ = ["Migration", "migrate_file", "migrate_source", "LegacyScript", "analyze_file", "analyze_source"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
