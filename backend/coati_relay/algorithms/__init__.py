@@ -1,7 +1,8 @@
 """RL algorithms as pure, registered tensor functions (torch only): advantage estimators, losses, KL estimators.
 
-A run dispatches by name: ``get("advantage", core_algo)`` is its estimator and ``spec(core_algo)`` what it needs
-(see `registry`). Kinds: ``advantage``, ``policy_loss``, ``value_loss``, ``kl``.
+A run dispatches by name: ``get("advantage", core_algo)`` is its estimator and ``spec(core_algo)`` what it needs;
+``get("policy_loss", ...)``, ``get("value_loss", ...)`` and ``get("kl", ...)`` its losses and KL estimator, named in
+``grpo_config`` (see `registry`). Kinds: ``advantage``, ``policy_loss``, ``value_loss``, ``kl``.
 """
 from coati_relay.algorithms import estimators  # noqa: F401  (registers the advantage estimators)
 from coati_relay.algorithms.advantages import gae, group_advantage, kl_folded_advantages

@@ -1,5 +1,6 @@
 """Policy and value losses, registered under kinds ``"policy_loss"`` (``ppo_clip``) and ``"value_loss"``
-(``clipped``)."""
+(``clipped``): the defaults of ``grpo_config["policy_loss"]`` and ``["value_loss"]``. A user's own has the same
+signature (see `coati_relay.algorithms.registry`) and is registered with ``@register("policy_loss", "name")``."""
 from __future__ import annotations
 
 from typing import Dict, Optional, Tuple

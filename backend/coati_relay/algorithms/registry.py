@@ -73,7 +73,8 @@ def _table(kind: str) -> Dict[str, _Entry]:
 
 def register(kind: str, name: str, spec: Optional[AlgorithmSpec] = None) -> Callable[[F], F]:
     """Decorator: registers ``fn`` under ``(kind, name)``. Names are case-insensitive; a taken name raises.
-    Advantage estimators need a ``spec``; the other kinds take none."""
+    Advantage estimators need a ``spec``; the other kinds take none. ``fn`` has its kind's signature (this module's
+    docstring); a run uses it where its name is given (``core_algo``, ``grpo_config["policy_loss"]``, ...)."""
     table = _table(kind)
     key = name.lower()
     if (kind == "advantage") != (spec is not None):
