@@ -129,6 +129,12 @@ def _resolve(path_or_run_dir: Union[str, os.PathLike]) -> Path:
     return found[-1]
 
 
+def resolve_checkpoint(path_or_run_dir: Union[str, os.PathLike]) -> Path:
+    """The step directory of a checkpoint: ``path_or_run_dir`` itself, or the latest complete checkpoint of a run
+    directory. FileNotFoundError, naming what was expected, when it is neither."""
+    return _resolve(path_or_run_dir)
+
+
 def load_checkpoint(path_or_run_dir: Union[str, os.PathLike], backends: Dict[str, "TrainingBackend"]) -> Dict[str, Any]:
     """Restores every backend from a step directory, or from the latest checkpoint of a run directory, and
     returns the saved state dict (with ``step``)."""

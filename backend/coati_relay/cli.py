@@ -1,5 +1,10 @@
-"""The `coati-relay` command: ``run CONFIG.yaml``, ``plot RUN_DIR...``, ``demo``, and the subcommands other packages
-register under the entry-point group ``coati_relay.subcommands`` (``migrate``, from coati_compat)."""
+"""The `coati-relay` command: ``run CONFIG.yaml``, ``plot RUN_DIR...``, ``export RUN_DIR OUT_DIR``, ``demo``, and the
+subcommands other packages register under the entry-point group ``coati_relay.subcommands`` (``migrate``, from
+coati_compat).
+
+Building the parser imports no implementation: each subcommand imports its own when it runs, so ``--help`` of the
+command and of every subcommand stays free of torch, transformers and Ray (a test checks). A registered subcommand's
+module must keep to that too."""
 from __future__ import annotations
 
 import argparse
@@ -45,6 +50,28 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from coati_relay.export import ExportError, export_checkpoint
+
+    try:
+        out = export_checkpoint(args.source, args.out_dir, adapter=args.adapter, model=args.model,
+                                tokenizer=args.tokenizer, dtype=args.dtype)
+    except ExportError as exc:
+        print(f"coati-relay export: {exc}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("coati-relay")
+    except PackageNotFoundError:
+        return "unknown (the coati-relay package is not installed)"
+
+
 def add_registered_subcommands(sub: argparse._SubParsersAction) -> None:
     """Calls each ``coati_relay.subcommands`` entry point with ``sub``; one whose package is not importable (the
     engine installed without coati_compat) is left out."""
@@ -56,6 +83,47 @@ def add_registered_subcommands(sub: argparse._SubParsersAction) -> None:
         add(sub)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The command's parser, every subcommand's included (``demo`` parses its own arguments)."""
+    parser = argparse.ArgumentParser(prog="coati-relay", description="Train with GRPO/PPO on the coati-relay engine, "
+                                     "and run or migrate legacy coati.ray scripts.")
+    parser.add_argument("--version", action="version", version=f"coati-relay {_version()}",
+                        help="print the installed coati-relay version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p_run = sub.add_parser("run", help="launch_distributed with the keywords of a YAML file",
+                           description="Run launch_distributed with the keywords of a YAML file.")
+    p_run.add_argument("config", help="YAML file holding a mapping of launch_distributed keywords")
+    p_run.set_defaults(fn=_run)
+    p_plot = sub.add_parser("plot", help="PNG of reward and loss per step of one or more run dirs",
+                            description="Draw reward and loss per step of one or more run directories.")
+    p_plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a run directory (holding metrics.jsonl)")
+    p_plot.add_argument("-o", "--out", default=None, help="the PNG to write (default: metrics.png in the first run "
+                        "directory, metrics_compare.png for several)")
+    p_plot.set_defaults(fn=_plot)
+    p_export = sub.add_parser("export", help="a run's trained policy as a Hugging Face model directory",
+                              description="Write the policy of a run's latest checkpoint (or of one checkpoint) as a "
+                              "save_pretrained directory: config.json, safetensors weights and the tokenizer. A LoRA "
+                              "run exports merged weights unless --adapter.")
+    p_export.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT",
+                          help="a run directory (its latest checkpoint is taken) or one checkpoint "
+                          "(RUN_DIR/checkpoints/step-NNNNNN)")
+    p_export.add_argument("out_dir", metavar="OUT_DIR", help="directory to write (new, or empty)")
+    p_export.add_argument("--adapter", action="store_true",
+                          help="LoRA runs: write the adapters alone (peft's adapter_config.json and "
+                          "adapter_model.safetensors) instead of merged weights")
+    p_export.add_argument("--model", default=None, metavar="MODEL_DIR",
+                          help="the model directory the run trained, for checkpoints that do not record it "
+                          "(default: the one the checkpoint recorded)")
+    p_export.add_argument("--tokenizer", default=None, metavar="DIR",
+                          help="take the tokenizer from DIR (default: the run's model directory)")
+    p_export.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                          help="cast the weights (default: the dtype they were trained in)")
+    p_export.set_defaults(fn=_export)
+    add_registered_subcommands(sub)
+    sub.add_parser("demo", help="GRPO, PPO and the legacy API on the toy task", add_help=False)
+    return parser
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -63,17 +131,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("coati_relay.metrics").setLevel(logging.INFO)  # progress lines when stdout is no terminal
-    parser = argparse.ArgumentParser(prog="coati-relay")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_run = sub.add_parser("run", help="launch_distributed with the keywords of a YAML file")
-    p_run.add_argument("config")
-    p_run.set_defaults(fn=_run)
-    p_plot = sub.add_parser("plot", help="PNG of reward and loss per step of one or more run dirs")
-    p_plot.add_argument("run_dirs", nargs="+")
-    p_plot.add_argument("-o", "--out", default=None)
-    p_plot.set_defaults(fn=_plot)
-    add_registered_subcommands(sub)
-    sub.add_parser("demo", help="GRPO, PPO and the legacy API on the toy task", add_help=False)
+    parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "demo":
         from coati_relay.demo import main as demo_main
