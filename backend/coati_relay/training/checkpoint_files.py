@@ -86,11 +86,10 @@ def _fsync_tree(path: str) -> None:
 
 def booster_save(io: Any, what: str, obj: Any, path: str, shard: bool, **kwargs: Any) -> None:
     """``io.save_model``/``io.save_optimizer`` (a booster's checkpoint IO; every rank calls it) written atomically:
-    into ``.saving.<name>`` beside ``path`` (the same name on every rank: a sharded save writes from several), then
-    fsynced and renamed over ``path`` by rank 0, so a kill mid-write leaves the previous checkpoint whole. A
-    directory already at ``path`` is moved aside (``.replaced.<name>``) for the rename and removed after it."""
-    from coati_relay.training.distributed import barrier
-
+    into ``.saving.<name>`` beside ``path``, then fsynced and renamed over ``path`` by rank 0, so a kill mid-write
+    leaves the previous checkpoint whole. A directory already at ``path`` is moved aside (``.replaced.<name>``) for
+    the rename and removed after it. Rank 0 is the only writer: the IOs of the data-parallel plugins this engine
+    runs gather the state there (no barrier is added, so a script that saves from rank 0 alone still can)."""
     path = os.path.abspath(os.fspath(path))
     save = getattr(io, f"save_{what}")
     if kwargs.get("use_async"):  # the IO finishes the file later: nothing to rename yet
@@ -107,9 +106,7 @@ def booster_save(io: Any, what: str, obj: Any, path: str, shard: bool, **kwargs:
     tmp, aside = os.path.join(directory, f".saving.{name}"), os.path.join(directory, f".replaced.{name}")
     if rank() == 0:
         _remove(tmp)  # left by a save that was killed
-    barrier()
     save(obj, tmp, shard=shard, **kwargs)
-    barrier()  # every rank has written its part
     if rank() == 0:
         if not os.path.exists(tmp):
             raise RuntimeError(f"save_{what}: the checkpoint IO wrote nothing at {tmp}")
@@ -122,7 +119,6 @@ def booster_save(io: Any, what: str, obj: Any, path: str, shard: bool, **kwargs:
         else:
             os.replace(tmp, path)
         _fsync_dir(directory)
-    barrier()  # the checkpoint is in place before any rank goes on (and may load it)
 
 
 def _remove(path: str) -> None:
