@@ -24,18 +24,12 @@ import shutil
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List
 
-from coati_compat.compare import (
-    explanations,
-    recording_switch,
-    report,
-    side_commands,
-    sides,
-    steps,
-    tensorboard_runs,
-    verdicts,
-)
+if TYPE_CHECKING:
+    from coati_compat.compare.explanations import Explanation
+
+# The parts of the comparison are imported where they run: `coati-relay --help` builds this subcommand's parser.
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +112,8 @@ def _check(args: argparse.Namespace) -> Path:
         raise BadInput(f"--reuse-legacy {args.reuse_legacy}: no compare.json there; pass the directory of an "
                        "earlier report")
     if args.tensorboard:
+        from coati_compat.compare import tensorboard_runs
+
         try:
             tensorboard_runs.check_available()
         except ImportError as exc:
@@ -148,6 +144,8 @@ def _reused_legacy(args: argparse.Namespace, script: Path) -> List[Dict[str, Any
 
 
 def run_legacy(script: Path, args: argparse.Namespace, out: Path) -> List[Dict[str, Any]]:
+    from coati_compat.compare import recording_switch, side_commands, sides, steps
+
     runs = []
     for i in range(1, args.legacy_runs + 1):
         shutil.rmtree(out / f"legacy-{i}", ignore_errors=True)  # an earlier report's records must not mix in
@@ -167,6 +165,8 @@ def run_legacy(script: Path, args: argparse.Namespace, out: Path) -> List[Dict[s
 
 
 def run_migrated(migrated: Path, args: argparse.Namespace, out: Path, budget: int) -> Dict[str, Any]:
+    from coati_compat.compare import explanations, side_commands, sides, steps
+
     shutil.rmtree(out / "migrated", ignore_errors=True)  # the engine would continue an earlier metrics file
     run_dir = out / "migrated" / "run"
     command, kwargs = side_commands.migrated_command(migrated, args.script_args, shlex.split(args.migrated_args),
@@ -195,9 +195,11 @@ def rewrite(script: Path, out: Path) -> Dict[str, Any]:
             "untranslated": list(migration.untranslated), "notes": migration.notes, "migrated_script": str(path)}
 
 
-def _deviations(script: Path, args: argparse.Namespace, cuda: bool) -> List[explanations.Explanation]:
+def _deviations(script: Path, args: argparse.Namespace, cuda: bool) -> List["Explanation"]:
     """The rows of the guide's deviations page that apply to this script (none, with a warning, where the guide is
     not beside the package, as in a non-editable install)."""
+    from coati_compat.compare import explanations
+
     guide = Path(__file__).resolve().parents[3] / explanations.DEVIATIONS_PAGE
     if not guide.is_file():
         logger.warning("compare: %s not found; the report lists the rewriter's NOTEs only", guide)
@@ -209,6 +211,8 @@ def _deviations(script: Path, args: argparse.Namespace, cuda: bool) -> List[expl
 
 def compare(args: argparse.Namespace) -> Dict[str, Any]:
     """Runs both sides and writes the report; returns the comparison (what ``compare.json`` holds)."""
+    from coati_compat.compare import explanations, report, tensorboard_runs, verdicts
+
     script = _check(args)
     legacy = _reused_legacy(args, script) if args.reuse_legacy else None
     out = out_dir(args)
