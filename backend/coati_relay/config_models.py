@@ -23,15 +23,35 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _model_path(errors: List[str], name: str, cfg: Dict[str, Any]) -> str:
+def _model_path(errors: List[str], name: str, cfg: Dict[str, Any], resolved: Dict[str, str]) -> str:
+    """``cfg['path']`` as the actors get it: a local directory as given, a Hugging Face Hub ID as its snapshot in
+    the cache (`coati_relay.hub`; ``resolved`` keeps each ID's answer, so one run looks each up once)."""
     path = cfg.get("path")
     if not path or not isinstance(path, (str, os.PathLike)):
-        errors.append(f"{name}['path'] is required: a local directory holding a transformers checkpoint")
+        errors.append(f"{name}['path'] is required: a local directory holding a transformers checkpoint, or a "
+                      f"Hugging Face Hub ID such as 'Qwen/Qwen2.5-7B'")
         return ""
-    if not Path(path).is_dir() or not (Path(path) / "config.json").exists():
-        errors.append(f"{name}['path'] = {str(path)!r} is not a local model directory (no config.json there); "
-                      f"models are never downloaded at run time: save one with save_pretrained() first")
-    return str(path)
+    local = _local(errors, f"{name}['path']", str(path), resolved)
+    if local is None:
+        return ""
+    if not Path(local).is_dir() or not (Path(local) / "config.json").exists():
+        shown = repr(str(path)) if local == str(path) else f"{str(path)!r} (cached at {local})"
+        errors.append(f"{name}['path'] = {shown} is not a local model directory (no config.json there): save one "
+                      f"with save_pretrained(), or give a Hugging Face Hub ID")
+    return local
+
+
+def _local(errors: List[str], what: str, value: str, resolved: Dict[str, str]) -> Optional[str]:
+    """The local directory of ``value`` (a path or a Hub ID); None, with the error recorded, when there is none."""
+    from coati_relay.hub import HubModelError, local_model_dir
+
+    if value not in resolved:
+        try:
+            resolved[value] = local_model_dir(value, what) or value
+        except HubModelError as exc:
+            errors.append(str(exc))
+            return None
+    return resolved[value]
 
 
 def _check_tokenizer(errors: List[str], tokenizer_path: str) -> None:
@@ -55,14 +75,17 @@ def build_models(errors: List[str], roles: Roles, imc: Dict[str, Any], tmc: Dict
                  critic_cfg: Dict[str, Any], rm_cfg: Dict[str, Any], core_algo: str,
                  needs_critic: Optional[bool]) -> Models:
     """needs_critic: whether the algorithm trains a critic (None: the algorithm is unknown)."""
-    model_path = _model_path(errors, "inference_model_config", imc)
-    train_path = _model_path(errors, "train_model_config", tmc) if tmc.get("path") else model_path
+    resolved: Dict[str, str] = {}  # path or Hub ID as given -> local directory
+    model_path = _model_path(errors, "inference_model_config", imc, resolved)
+    train_path = _model_path(errors, "train_model_config", tmc, resolved) if tmc.get("path") else model_path
     if model_path and train_path and Path(model_path).resolve() != Path(train_path).resolve():
         log.info("producers generate from %s, consumers train %s", model_path, train_path)
-    tokenizer_path = str(tokc.get("path") or model_path)
+    tokenizer_path = model_path
+    if tokc.get("path"):
+        tokenizer_path = _local(errors, "tokenizer_config['path']", str(tokc["path"]), resolved) or ""
     _check_tokenizer(errors, tokenizer_path)
-    rm_path = _model_path(errors, "reward_model_config", rm_cfg) if rm_cfg else None
-    critic_path = _model_path(errors, "critic_model_config", critic_cfg) if critic_cfg else None
+    rm_path = _model_path(errors, "reward_model_config", rm_cfg, resolved) if rm_cfg else None
+    critic_path = _model_path(errors, "critic_model_config", critic_cfg, resolved) if critic_cfg else None
     if needs_critic and critic_path is None:
         critic_path = train_path  # value head on a copy of the policy's trunk
     if critic_cfg and needs_critic is False:

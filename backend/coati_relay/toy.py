@@ -112,6 +112,40 @@ def build_tiny_model(path: Optional[os.PathLike] = None, arch: str = "qwen2", se
     return path
 
 
+def cache_as_hub_model(model_dir: os.PathLike, repo_id: str, cache_dir: Optional[os.PathLike] = None,
+                       commit: Optional[str] = None) -> Path:
+    """Files the model directory ``model_dir`` into a Hugging Face hub cache as ``repo_id`` ("ORG/NAME"), in the
+    cache's own layout, so that runs (and tests) can name it by Hub ID offline; returns its snapshot directory.
+
+    Layout: ``models--ORG--NAME/blobs/<sha256 of each file>``, ``snapshots/<commit>/<file>`` linking to its blob,
+    ``refs/main`` holding ``<commit>``. ``cache_dir``: the cache (default: the one huggingface_hub would use now);
+    ``commit``: 40 hex digits (default: derived from the files' hashes)."""
+    import hashlib
+
+    from coati_relay.hub import hub_cache_dir
+
+    src = Path(model_dir)
+    files = sorted(p for p in src.rglob("*") if p.is_file())
+    if not files:
+        raise ValueError(f"cache_as_hub_model: {src} holds no files")
+    repo = Path(cache_dir if cache_dir is not None else hub_cache_dir()) / ("models--" + repo_id.replace("/", "--"))
+    digests = {f: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+    commit = commit or hashlib.sha1("".join(sorted(digests.values())).encode()).hexdigest()
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    for f, digest in digests.items():
+        blob = repo / "blobs" / digest
+        if not blob.exists():
+            blob.write_bytes(f.read_bytes())
+        link = snapshot / f.relative_to(src)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot
+
+
 def toy_prompt_text(letter: str) -> str:
     return f"write the letter {letter} many times:"
 
