@@ -1,23 +1,42 @@
 """coati-relay's engine: vLLM producers, ColossalAI consumers, Ray in between.
 
-Entry point: `launch_distributed(...)` with ColossalChat's keywords (plus ``core_algo="PPO"``); it returns a
-`RunResult`. Imports are lazy so that `import coati_relay` stays cheap.
+Entry point: `launch_distributed(...)` with ColossalChat's keywords (plus ``core_algo="PPO"``; ``help(
+launch_distributed)`` lists every keyword); it returns a `RunResult`. Extension points: `register_reward` (a reward
+function by name) and `register_algorithm` (an advantage estimator, policy loss, value loss or KL estimator by name;
+`coati_relay.algorithms.register`). `build_tiny_model` writes a tiny local model for trying things out.
+
+Names load on first use, so that `import coati_relay` stays cheap (torch, transformers and Ray are imported only
+by what needs them).
 """
 from __future__ import annotations
 
-from typing import Any
-
 __version__ = "0.1.0"
-__all__ = ["launch_distributed", "RunResult", "RunFailed", "ConfigError", "build_run_config"]
+
+# public name -> (module, attribute)
+_EXPORTS = {
+    "launch_distributed": ("coati_relay.launch", "launch_distributed"),
+    "RunResult": ("coati_relay.run_result", "RunResult"),
+    "RunFailed": ("coati_relay.launch", "RunFailed"),
+    "ConfigError": ("coati_relay.config", "ConfigError"),
+    "build_run_config": ("coati_relay.config", "build_run_config"),
+    "register_reward": ("coati_relay.rewards", "register_reward"),
+    "register_algorithm": ("coati_relay.algorithms", "register"),
+    "build_tiny_model": ("coati_relay.toy", "build_tiny_model"),
+    "write_toy_dataset": ("coati_relay.toy", "write_toy_dataset"),
+}
+__all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name in ("launch_distributed", "RunResult", "RunFailed"):
-        from coati_relay import launch
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'coati_relay' has no attribute {name!r}")
+    module, attr = _EXPORTS[name]
+    import importlib
 
-        return getattr(launch, name)
-    if name in ("ConfigError", "build_run_config"):
-        from coati_relay import config
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value  # later look-ups skip this function
+    return value
 
-        return getattr(config, name)
-    raise AttributeError(f"module 'coati_relay' has no attribute {name!r}")
+
+def __dir__():
+    return sorted({*__all__, "__version__", *(n for n in globals() if n.startswith("__"))})

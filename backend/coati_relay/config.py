@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from coati_relay import algorithms
+from coati_relay.checkpoint import CHECKPOINTS_DIR
 from coati_relay.config_algorithm import AlgorithmConfig, build_algorithm
 from coati_relay.config_colocate import check_colocate
 from coati_relay.config_inference import follow_training_precision
@@ -350,8 +351,9 @@ def _run_settings(errors: List[str], seed: Any, progress: Any, project_name: Any
                       f"disagree; give one of them")
     for key, value in given.items():
         if not isinstance(value, (str, os.PathLike)) or not str(value) or not Path(value).exists():
-            errors.append(f"{key}={value!r} does not exist; pass a checkpoint directory (run_dir/step-NNNNNN) or a "
-                          f"run directory holding checkpoints")
+            errors.append(f"{key}={value!r} does not exist; pass a checkpoint directory "
+                          f"(run_dir/{CHECKPOINTS_DIR}/step-NNNNNN) or a run directory (run_dir, holding "
+                          f"{CHECKPOINTS_DIR}/)")
     name = (project_name or "coati-relay").replace(" ", "_")
     rd = Path(run_dir) if isinstance(run_dir, (str, os.PathLike)) and str(run_dir) else Path("runs") / name
     sd = Path(save_dir) if isinstance(save_dir, (str, os.PathLike)) and str(save_dir) else rd

@@ -15,7 +15,9 @@ import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
 from coati_relay.config import build_run_config
+from coati_relay.config_keys import IGNORED_LAUNCH_KEYS
 from coati_relay.environ import restore_environ
+from coati_relay.launch_keywords import keywords_doc
 from coati_relay.run_config import RunConfig
 from coati_relay.run_result import RunResult
 
@@ -44,9 +46,16 @@ class RunFailed(RuntimeError):
 
 
 def launch_distributed(**kwargs: Any) -> RunResult:
-    """Runs producers and consumers to the end. Takes ColossalChat's keywords (see `build_run_config`)."""
     cfg = build_run_config(**kwargs)
     return run(cfg)
+
+
+launch_distributed.__doc__ = keywords_doc(
+    """Runs producers and consumers to the end and returns a `RunResult` (metrics history, checkpoints, summary).
+
+    Takes ColossalChat's keywords, meaning what they mean there. Everything is checked in the driver before any
+    actor starts (one `ConfigError` lists every problem), and a model given by Hugging Face Hub ID is resolved to
+    its local snapshot there, once: the actors only ever receive local directories.""", IGNORED_LAUNCH_KEYS)
 
 
 def _place(cfg: RunConfig) -> Tuple[Any, List[Dict[str, Any]]]:

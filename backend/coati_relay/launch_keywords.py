@@ -1,0 +1,83 @@
+"""Every keyword of `launch_distributed`, with its meaning: written once, here; `launch_distributed`'s docstring is
+made from it (`keywords_doc`), and a test holds it to `build_run_config`'s signature.
+
+``(ColossalChat)`` marks a keyword of ColossalChat's ``coati.distributed.launch_distributed``, meant as it means it;
+``(extension)`` one only this engine has. Sizes are in prompts unless they say otherwise.
+"""
+from __future__ import annotations
+
+import inspect
+import textwrap
+from typing import Dict, Mapping, Tuple
+
+CC, EXT = "ColossalChat", "extension"
+
+# keyword -> (origin, meaning)
+LAUNCH_KEYWORDS: Dict[str, Tuple[str, str]] = {
+    "num_producers": (CC, "producer actors (each generates rollouts with its own inference engine)"),
+    "num_proc_per_producer": (CC, "GPUs per producer: vLLM tensor parallelism (1 on hosts without CUDA)"),
+    "num_consumer_procs": (CC, "consumer ranks: data-parallel trainers of the policy"),
+    "num_episodes": (CC, "passes over the prompts. On resume it is the total for the whole run, not more on top: "
+                         "a run resumed at episode 2 of num_episodes=3 trains one more"),
+    "inference_batch_size": (CC, "prompts each producer generates for per weight version"),
+    "inference_microbatch_size": (CC, "prompts per producer task (one queue entry); divides inference_batch_size"),
+    "train_batch_size": (CC, "prompts per optimizer step on each consumer rank"),
+    "train_minibatch_size": (CC, "prompts per gradient-accumulation chunk; divides train_batch_size"),
+    "train_dataset_config": (CC, "the prompts: {'path': a ColossalChat .jsonl or a .csv with a 'prompt' column, or "
+                                 "'prompts': a list of strings; 'max_length': prompt tokens kept; 'system_prompt'}"),
+    "inference_model_config": (CC, "the producers' model: {'path': a local model directory or a Hugging Face Hub "
+                                   "ID such as 'Qwen/Qwen2.5-7B', resolved once through the Hugging Face cache "
+                                   "before any actor starts (downloaded only when HF_HUB_OFFLINE is not set)}, plus "
+                                   "the inference engine's keywords"),
+    "generate_config": (CC, "sampling: max_new_tokens, temperature, top_p, top_k, stop_token_ids, seed, ignore_eos"),
+    "train_model_config": (CC, "the trained policy: {'path' (a directory or Hub ID; default: the inference model's), "
+                               "'lora': {'r', 'alpha', 'target_modules', 'dropout'}, 'gradient_checkpointing', "
+                               "'checkpoint_path' (as resume_from)}"),
+    "grpo_config": (CC, "the algorithm's settings: lr, beta, clip_eps_low/high, loss_variation, "
+                        "train_microbatch_size, reward_fn_type or reward_fn (a registered name or a callable), "
+                        "policy_loss, value_loss, kl_estimator (registered names) and the other keys of "
+                        "coati_relay.config_algorithm"),
+    "plugin_config": (CC, "the ColossalAI Booster plugin: {'plugin': 'ddp', 'zero2', 'gemini' or 'hybrid', its "
+                          "options (tp_size, pp_size, zero_stage, precision, ...), 'max_norm': gradient clipping}"),
+    "tokenizer_config": (CC, "{'path': a directory or Hub ID} when the tokenizer is not the inference model's"),
+    "inference_backend": (CC, "'vllm' or 'transformers' (generate; the fallback, and the legacy sampling)"),
+    "num_generations": (CC, "responses sampled per prompt (the group of GRPO's advantages)"),
+    "core_algo": (CC, "the advantage estimator by registered name: 'GRPO', 'DAPO', 'RLOO', 'REINFORCE_PPB', or "
+                      "'PPO' (extension: with a critic)"),
+    "project_name": (CC, "the run's name: default run directory runs/NAME, trackers' project"),
+    "save_interval": (CC, "checkpoint every this many rounds (weight versions), and at the end"),
+    "save_dir": (CC, "where checkpoints go (save_dir/checkpoints/step-NNNNNN; default: run_dir)"),
+    "n_behind": (CC, "staleness bound: 0 is on-policy lock-step; k > 0 allows rollouts made by weights up to k "
+                     "versions old"),
+    "critic_model_config": (EXT, "PPO's critic: {'path': a directory or Hub ID} (default: a value head on a copy "
+                                 "of the policy)"),
+    "reward_model_config": (EXT, "a reward model scoring responses instead of reward_fn: {'path': a directory or "
+                                 "Hub ID}"),
+    "run_dir": (EXT, "where metrics.jsonl, tracker files and (by default) checkpoints go; default runs/PROJECT"),
+    "resume_from": (EXT, "a checkpoint directory (run_dir/checkpoints/step-NNNNNN) or a run directory (its latest "
+                         "checkpoint) to continue from; num_episodes still counts the whole run"),
+    "on_producer_failure": (EXT, "'fail' (a dead producer ends the run) or 'continue' (its tasks go to the others)"),
+    "timeout_s": (EXT, "seconds any blocking wait may take before the run fails, naming what it waited for"),
+    "seed": (EXT, "seeds sampling, data order and initialisation"),
+    "progress": (EXT, "show a progress bar (progress lines when stdout is not a terminal)"),
+    "weight_sync": (EXT, "'object_store' (one copy per version, fetched by each producer) or 'collective' (a gloo "
+                         "broadcast from consumer rank 0)"),
+    "placement_strategy": (EXT, "the Ray placement group's strategy: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD"),
+    "placement_timeout_s": (EXT, "seconds to wait for the cluster to hold every role"),
+    "role_resources": (EXT, "custom Ray resources per role: {'producer': {...}, 'consumer': {...}}"),
+    "colocate": (EXT, "one producer and one consumer in the driver's process, sharing the policy, without Ray"),
+    "report_to": (EXT, "trackers besides metrics.jsonl: a list of 'tensorboard', 'wandb' or 'none'"),
+}
+
+
+def keywords_doc(head: str, ignored: Mapping[str, str], width: int = 116) -> str:
+    """``head`` followed by one paragraph per keyword (and the ColossalChat keywords accepted without effect)."""
+    lines = [inspect.cleandoc(head), "", "Keywords:"]
+    for name, (origin, meaning) in LAUNCH_KEYWORDS.items():
+        lines += textwrap.wrap(f"{name} ({origin}): {meaning}.", width=width, initial_indent="    ",
+                               subsequent_indent="        ")
+    lines += ["", "Accepted for ColossalChat scripts, without effect here (each warns once):"]
+    for name, reason in ignored.items():
+        lines += textwrap.wrap(f"{name}: {reason}.", width=width, initial_indent="    ",
+                               subsequent_indent="        ")
+    return "\n".join(lines) + "\n"
