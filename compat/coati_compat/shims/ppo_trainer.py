@@ -42,12 +42,12 @@ logger = logging.getLogger(__name__)
 class WeightPushError(RuntimeError):
     """A weight push failed on some experience makers; the others received it whole (chunk_end included)."""
 
-    def __init__(self, failed: Dict[str, BaseException], version: int, completed: List[str]) -> None:
-        self.failed = failed
-        causes = "; ".join(f"{name!r}: {_cause(exc)}" for name, exc in failed.items())
-        super().__init__(f"weight push {version} failed on experience maker(s) {sorted(failed)} ({causes}). The "
-                         f"push was closed (chunk_end) on the makers that opened it, so {completed} go on generating "
-                         "with it; restart or remove the failed makers")
+
+def _push_error(failed: Dict[str, BaseException], version: int, completed: List[str]) -> WeightPushError:
+    causes = "; ".join(f"{name!r}: {_cause(exc)}" for name, exc in failed.items())
+    return WeightPushError(f"weight push {version} failed on experience maker(s) {sorted(failed)} ({causes}). The "
+                           f"push was closed (chunk_end) on the makers that opened it, so {completed} go on "
+                           "generating with it; restart or remove the failed makers")
 
 
 def _cause(exc: BaseException) -> str:
@@ -178,7 +178,8 @@ class DetachedPPOTrainerImpl(DetachedTrainer):
         self._settle({n: [holders[n].update_experience_maker.remote(chunk_end=True, fully_update=fully_update)]
                       for n in opened}, failed)
         if failed:
-            raise WeightPushError(failed, self.weight_version + 1, [n for n in holders if n not in failed])
+            raise _push_error(failed, self.weight_version + 1, [n for n in holders if n not in failed]) \
+                from next(iter(failed.values()))
         self.weight_version += 1
         self.detached_replay_buffer.version = self.weight_version
 
