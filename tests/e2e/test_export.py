@@ -216,3 +216,29 @@ def test_export_loads_in_vllm_and_decodes_greedily_as_transformers(grpo_run, tmp
         del llm
     hf = _greedy(_from_pretrained(out))
     assert [list(r.outputs[0].token_ids) for r in results] == hf
+
+
+def test_lora_grpo_run_exports_the_weights_its_producers_generated_with(ray_cluster, tiny_model_path, tmp_path):
+    """A real LoRA GRPO run (disaggregated: colocated runs refuse LoRA): the merged export equals the restored
+    policy's merged weights and decodes as it does; the adapter export carries the trained adapters."""
+    from run_helpers import run_kwargs
+
+    from coati_relay import launch_distributed
+    from coati_relay.toy import write_toy_dataset
+
+    data = write_toy_dataset(tmp_path / "toy.jsonl", num_prompts=8)
+    result = launch_distributed(**run_kwargs(
+        tiny_model_path, data, tmp_path / "run", "GRPO", "transformers", rounds=2, num_producers=1,
+        num_consumer_procs=1, inference_batch_size=8, train_batch_size=8,
+        train_model_config={"path": tiny_model_path, "lora": LORA}))
+    step_dir = Path(result.checkpoints[-1])
+    merged = _from_pretrained(export_checkpoint(tmp_path / "run", tmp_path / "merged"))
+    restored = _trained_policy(tiny_model_path, step_dir, lora=LORA)
+    expected = restored.state_dict_for_inference()
+    mine = merged.state_dict()
+    assert mine.keys() == expected.keys() and all(torch.equal(mine[k], expected[k]) for k in expected)
+    base = _from_pretrained(tiny_model_path).state_dict()
+    assert any(not torch.equal(base[k], expected[k]) for k in expected), "the run trained the adapters"
+    assert _greedy(merged) == _greedy(restored.unwrapped())
+    out = export_checkpoint(step_dir, tmp_path / "adapter", adapter=True)
+    assert json.loads((out / "adapter_config.json").read_text())["r"] == LORA["r"]
