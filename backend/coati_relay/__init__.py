@@ -1,9 +1,10 @@
 """coati-relay's engine: vLLM producers, ColossalAI consumers, Ray in between.
 
-Entry point: `launch_distributed(...)` with ColossalChat's keywords (plus ``core_algo="PPO"``; ``help(
-launch_distributed)`` lists every keyword); it returns a `RunResult`. Extension points: `register_reward` (a reward
-function by name) and `register_algorithm` (an advantage estimator, policy loss, value loss or KL estimator by name;
-`coati_relay.algorithms.register`). `build_tiny_model` writes a tiny local model for trying things out.
+Entry points: `launch_distributed(...)` with ColossalChat's keywords (plus ``core_algo="PPO"``; ``help(
+launch_distributed)`` lists every keyword) and `launch_zero_bubble(...)` with those of its zero-bubble variant; both
+return a `RunResult`. Extension points: `register_reward` (a reward function by name) and `register_algorithm` (an
+advantage estimator, policy loss, value loss or KL estimator by name; `coati_relay.algorithms.register`).
+`build_tiny_model` writes a tiny local model for trying things out.
 
 Names load on first use, so that `import coati_relay` stays cheap (torch, transformers and Ray are imported only
 by what needs them).
@@ -15,6 +16,7 @@ __version__ = "0.1.0"
 # public name -> (module, attribute)
 _EXPORTS = {
     "launch_distributed": ("coati_relay.launch", "launch_distributed"),
+    "launch_zero_bubble": ("coati_relay.zero_bubble", "launch_zero_bubble"),
     "RunResult": ("coati_relay.run_result", "RunResult"),
     "RunFailed": ("coati_relay.launch", "RunFailed"),
     "ConfigError": ("coati_relay.config", "ConfigError"),

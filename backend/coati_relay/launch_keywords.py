@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import textwrap
-from typing import Dict, Mapping, Tuple
+from typing import Dict, Iterable, Mapping, Tuple
 
 CC, EXT = "ColossalChat", "extension"
 
@@ -70,10 +70,13 @@ LAUNCH_KEYWORDS: Dict[str, Tuple[str, str]] = {
 }
 
 
-def keywords_doc(head: str, ignored: Mapping[str, str], width: int = 116) -> str:
-    """``head`` followed by one paragraph per keyword (and the ColossalChat keywords accepted without effect)."""
+def keywords_doc(head: str, ignored: Mapping[str, str], skip: Iterable[str] = (), width: int = 116) -> str:
+    """``head`` followed by one paragraph per keyword but those in ``skip`` (and the ColossalChat keywords accepted
+    without effect)."""
     lines = [inspect.cleandoc(head), "", "Keywords:"]
     for name, (origin, meaning) in LAUNCH_KEYWORDS.items():
+        if name in skip:
+            continue
         lines += textwrap.wrap(f"{name} ({origin}): {meaning}.", width=width, initial_indent="    ",
                                subsequent_indent="        ")
     lines += ["", "Accepted for ColossalChat scripts, without effect here (each warns once):"]

@@ -11,12 +11,12 @@ from coati_relay.config import build_run_config
 from coati_relay.config_keys import IGNORED_LAUNCH_KEYS
 from coati_relay.launch_keywords import LAUNCH_KEYWORDS
 
-PUBLIC = ("launch_distributed", "RunResult", "register_reward", "register_algorithm", "build_tiny_model",
-          "ConfigError", "RunFailed", "build_run_config", "write_toy_dataset")
+PUBLIC = ("launch_distributed", "launch_zero_bubble", "RunResult", "register_reward", "register_algorithm",
+          "build_tiny_model", "ConfigError", "RunFailed", "build_run_config", "write_toy_dataset")
 
 
 def test_public_names_import_and_are_listed():
-    from coati_relay import RunResult, build_tiny_model, register_reward
+    from coati_relay import RunResult, build_tiny_model, launch_zero_bubble, register_reward
     from coati_relay.algorithms import register
     from coati_relay.rewards import register_reward as registry_register_reward
     from coati_relay.run_result import RunResult as result_class
@@ -24,6 +24,7 @@ def test_public_names_import_and_are_listed():
 
     assert (RunResult, build_tiny_model, register_reward) == (result_class, toy_builder, registry_register_reward)
     assert coati_relay.register_algorithm is register
+    assert launch_zero_bubble.__module__ == "coati_relay.zero_bubble"
     assert set(PUBLIC) == set(coati_relay.__all__)
     assert set(PUBLIC) <= set(dir(coati_relay))
 
