@@ -70,3 +70,14 @@ def test_command_exits_2_with_the_message(tmp_path, capsys):
     assert main(["export", str(tmp_path), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("coati-relay export: ") and "neither a run directory" in err
+
+
+def test_checkpoint_whose_recorded_model_dir_is_gone_asks_for_the_tokenizer(tmp_path, tiny_model_path):
+    import shutil
+    from pathlib import Path
+
+    step_dir = _checkpoint(tmp_path, 1)
+    shutil.copy(Path(tiny_model_path) / "config.json", step_dir / "policy" / "config.json")
+    (step_dir / "policy" / "source.json").write_text(json.dumps({"model_path": str(tmp_path / "moved-away")}))
+    with pytest.raises(ExportError, match=r"moved-away\) is not here; pass --tokenizer DIR"):
+        export_checkpoint(tmp_path, tmp_path / "out")
