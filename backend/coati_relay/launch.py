@@ -23,17 +23,12 @@ from coati_relay.run_result import RunResult
 
 log = logging.getLogger(__name__)
 
-# Environment every engine actor gets: offline hub, in-process vLLM engine, small CPU KV cache, and at most two glibc
-# malloc arenas. A Ray worker runs dozens of threads (gRPC, the core worker's io loops, torch's pools); glibc gives
-# each its own arena (up to 8 per core), and a long run's allocations spread over them kept the actors' RSS climbing
-# for hundreds of rounds: over 2,000 toy rounds the consumer grew 5.1 KiB a round with the default, 1.5 with two
-# arenas (0.3 over the second half, where the default still grew 6.8). The caller's own MALLOC_ARENA_MAX wins.
+# Environment every engine actor gets: offline hub, in-process vLLM engine, small CPU KV cache.
 ACTOR_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-    "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "2"),
 }
 
 

@@ -70,6 +70,16 @@ def role_of(cmdline: Sequence[str], pid: int, driver_pid: int) -> str:
     return program if program in RAY_DAEMONS else "ray_other"
 
 
+def shared_memory_kib(pid: int) -> float:
+    """The part of a process's RSS that is shared memory (``RssShmem``: Ray's object store pages it touched), KiB;
+    0 where /proc does not say."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssShmem:"):
+                return float(line.split()[1])
+    return 0.0
+
+
 def logged_rounds(metrics: Path) -> int:
     """Lines of ``metrics.jsonl`` (one per round the driver logged); 0 before the file exists."""
     try:
@@ -84,7 +94,8 @@ class TreeSampler(threading.Thread):
     over the whole tree (``"tree"``), from the run's first logged round until it has logged ``last_round`` (from
     then on the run tears down: its actors end, which is no memory given back by the run).
 
-    samples: role -> [(round, KiB)]; ``"tree"`` holds the whole tree's sum.
+    samples: role -> [(round, KiB)]; ``"tree"`` holds the whole tree's sum; ``"<role>:shmem"`` the part of a role's
+    RSS that is shared memory (`shared_memory_kib`), also counted in the role's RSS.
     """
 
     def __init__(self, root_pid: int, metrics: Path, last_round: int, every_s: float = 0.25):
@@ -92,6 +103,7 @@ class TreeSampler(threading.Thread):
         self.root_pid, self.metrics, self.every_s = root_pid, Path(metrics), every_s
         self.last_round = last_round
         self.samples: Dict[str, List[Tuple[int, float]]] = {role: [] for role in (*ROLES, "tree")}
+        self.samples.update({f"{role}:shmem": [] for role in ROLES})
         self.stop = threading.Event()
 
     def _tree(self):
@@ -117,10 +129,12 @@ class TreeSampler(threading.Thread):
             try:
                 role = role_of(proc.cmdline(), proc.pid, self.root_pid)
                 rss = proc.memory_info().rss / KiB
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                shmem = shared_memory_kib(proc.pid)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, FileNotFoundError):
                 continue
             kib[role] = kib.get(role, 0.0) + rss
-        kib["tree"] = sum(kib.values())
+            kib[f"{role}:shmem"] = kib.get(f"{role}:shmem", 0.0) + shmem
+        kib["tree"] = sum(v for k, v in kib.items() if ":" not in k)
         for role, value in kib.items():
             self.samples[role].append((rounds, value))
         return kib
