@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Union
 
 from coati_relay.checkpoint import CHECKPOINTS_DIR, STATE_FILE, resolve_checkpoint
-from coati_relay.training.booster_backend import ADAPTER_CONFIG_FILE, CONFIG_FILE, MODEL_FILE, SOURCE_FILE
+from coati_relay.training.booster_backend import MODEL_FILE
+from coati_relay.training.model_description import ADAPTER_CONFIG_FILE, CONFIG_FILE, SOURCE_FILE
 
 POLICY = "policy"
 EXPORT_FILE = "coati_relay_export.json"  # where an export came from: the checkpoint, its step, merged or adapter

@@ -29,15 +29,13 @@ from .distributed import ensure_single_process_group
 from .finite_checks import check_gradient_chunks, check_losses, check_weights
 from .gemini_guards import GEMINI, AliasLoad, GeminiStepGuard
 from .master_weights import find_master_optimizer, with_master_weights
+from .model_description import is_peft, save_description
 from .plugins import build_optimizer, build_plugin, resolve_plugin
 from .schedule import WarmupSchedule, check_args
 
 logger = logging.getLogger(__name__)
 
 MODEL_FILE, OPTIMIZER_FILE, SCHEDULER_FILE = "model.pt", "optimizer.pt", "lr_scheduler.pt"
-# What `TrainingBackend.save` records beside the weights of a transformers model, for `coati_relay.export`: its
-# config, its LoRA config (a peft model) and the directory it was loaded from (its tokenizer is there by default).
-CONFIG_FILE, ADAPTER_CONFIG_FILE, SOURCE_FILE = "config.json", "adapter_config.json", "source.json"
 BOOST_EXTRAS = ("criterion", "dataloader", "lr_scheduler")
 _LORA_KEYS = {"r", "alpha", "target_modules", "dropout"}
 
@@ -91,12 +89,8 @@ def _colossalai_installed() -> bool:
 def _is_transformers_model(module: nn.Module) -> bool:
     from transformers import PreTrainedModel
 
-    base = module.get_base_model() if _is_peft(module) else module
+    base = module.get_base_model() if is_peft(module) else module
     return isinstance(base, PreTrainedModel)
-
-
-def _is_peft(module: nn.Module) -> bool:
-    return type(module).__module__.startswith("peft.") and hasattr(module, "get_base_model")
 
 
 def _merged_lora_state_dict(peft_model: nn.Module) -> Dict[str, torch.Tensor]:
@@ -375,7 +369,7 @@ class TrainingBackend:
             if hasattr(self.model, "_force_wait_all_gather"):
                 self.model._force_wait_all_gather()
             module = self.unwrapped()
-            state = _merged_lora_state_dict(module) if _is_peft(module) else module.state_dict()
+            state = _merged_lora_state_dict(module) if is_peft(module) else module.state_dict()
         if not keep:
             return {}
         with torch.no_grad():
@@ -385,12 +379,12 @@ class TrainingBackend:
 
     def save(self, directory: Union[str, os.PathLike]) -> Path:
         """Writes ``model.pt``, ``optimizer.pt`` and ``lr_scheduler.pt`` (when there is a scheduler) into
-        ``directory``, and for a transformers model its description (`_save_model_description`). Every rank must
-        call it; rank 0 writes."""
+        ``directory``, and for a transformers model its description (`model_description.save_description`). Every
+        rank must call it; rank 0 writes."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         if checkpoint_files.rank() == 0:
-            self._save_model_description(directory)
+            save_description(self.unwrapped(), directory)
         if self.booster is None:
             if checkpoint_files.rank() == 0:
                 torch.save(self.unwrapped().state_dict(), directory / MODEL_FILE)
@@ -403,27 +397,6 @@ class TrainingBackend:
         if self.scheduler is not None:
             self.booster.save_lr_scheduler(self.scheduler, str(directory / SCHEDULER_FILE))
         return directory
-
-    def _save_model_description(self, directory: Path) -> None:
-        """``config.json`` of a transformers model, ``adapter_config.json`` of its LoRA adapters and ``source.json``
-        (``{"model_path": the directory it was loaded from}``): what an export rebuilds the model from. Other modules
-        get none."""
-        import json
-
-        module = self.unwrapped()
-        base = module.get_base_model() if _is_peft(module) else module
-        config = getattr(base, "config", None)
-        if config is None or not hasattr(config, "to_json_file"):
-            return
-        config.to_json_file(str(directory / CONFIG_FILE))
-        if _is_peft(module):
-            adapter = module.peft_config[module.active_adapter]
-            (directory / ADAPTER_CONFIG_FILE).write_text(json.dumps(adapter.to_dict(), indent=2, sort_keys=True,
-                                                                    default=sorted))
-        source = getattr(config, "_name_or_path", "") or ""
-        if source and os.path.isdir(source):
-            source = os.path.abspath(source)
-        (directory / SOURCE_FILE).write_text(json.dumps({"model_path": source or None}))
 
     def load(self, directory: Union[str, os.PathLike]) -> None:
         """Restores what `save` wrote: weights, optimizer state (moments, step) and the scheduler position."""
