@@ -10,7 +10,8 @@ role is the least-squares slope of its RSS over the last 80% of the rounds, in K
 warm-up and at the end are recorded too.
 
 ``make bench`` runs 2,000 rounds of each placement (4 to 14 minutes each on 2 shared cores). It fails when Ray's GCS or
-a service actor (rollout queue, weight store) grows more than 1 KiB a round, and records in ``extra_info`` whether
+a service actor (rollout queue, weight store) grows more than `FLAT_KIB_PER_ROUND` (4 KiB a round: they measured
+-0.3 to 1.5 over four runs, the GCS 39 before issue 40's fix), and records in ``extra_info`` whether
 the run meets issue 40's targets (the whole tree at most 4 KiB a round, each actor role at most 1 KiB), which the
 consumer and the producer do not meet yet (benchmarks/README.md, "Long-run memory"). The smoke run of ``make test``
 (``--benchmark-disable``) runs 60 rounds of each and checks only that every role was sampled (too short for a
@@ -28,7 +29,8 @@ log = logging.getLogger(__name__)
 
 TREE_KIB_PER_ROUND = 4.0  # issue 40's targets for the disaggregated tree ...
 ACTOR_KIB_PER_ROUND = 1.0  # ... and for each actor role
-FLAT_ROLES = ("gcs_server", "rollout_queue", "weight_store")  # these must meet ACTOR_KIB_PER_ROUND
+FLAT_ROLES = ("gcs_server", "rollout_queue", "weight_store")  # these may not grow more than ...
+FLAT_KIB_PER_ROUND = 4.0  # ... this (above their run-to-run spread)
 
 
 @pytest.mark.parametrize("placement", ["colocated", "disaggregated"])
@@ -50,5 +52,5 @@ def test_memory_over_a_long_run(benchmark, work, placement, tmp_path, request):
     slopes = {role: figures["slope_kib_per_round"] for role, figures in roles.items()}
     benchmark.extra_info["meets_issue_40_targets"] = slopes["tree"] <= TREE_KIB_PER_ROUND and all(
         slopes[r] <= ACTOR_KIB_PER_ROUND for r in ACTOR_ROLES)
-    grow = {r: slopes[r] for r in FLAT_ROLES if slopes[r] > ACTOR_KIB_PER_ROUND}
-    assert not grow, f"roles growing more than {ACTOR_KIB_PER_ROUND} KiB a round: {grow}"
+    grow = {r: slopes[r] for r in FLAT_ROLES if slopes[r] > FLAT_KIB_PER_ROUND}
+    assert not grow, f"roles growing more than {FLAT_KIB_PER_ROUND} KiB a round: {grow}"
