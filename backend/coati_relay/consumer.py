@@ -261,6 +261,10 @@ class ConsumerWorker:
                                         wait_s=time.perf_counter() - t0)
             if self.rank == 0:
                 ray.get(self.queue.report.remote(metrics), timeout=30)
+            if self.round % 20 == 0:  # what the rounds freed leaves the RSS (coati_relay.heap)
+                from coati_relay.heap import trim_heap
+
+                trim_heap()
         return {"rounds": self.round - first, "last_round": self.round}
 
     def finish_round(self, rollouts: List[Rollout], metas: List[Dict[str, float]], versions: List[int], t0: float,

@@ -220,6 +220,10 @@ class ProducerWorker:
                 continue
             self._ensure_version(cfg.version_needed(task))
             self._run_task(task)
+            if self.stats["tasks"] % 40 == 0:
+                from coati_relay.heap import trim_heap
+
+                trim_heap()
         self.backend_close()
         return dict(self.stats)
 

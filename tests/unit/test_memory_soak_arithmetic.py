@@ -43,3 +43,14 @@ def test_sampler_samples_from_the_first_logged_round_until_the_last(tmp_path):
     metrics.write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n')
     assert sampler.sample_once() is None, "the last round is logged: the run tears down from here"
     assert [r for r, _ in sampler.samples["driver"]] == [1]
+
+
+def test_trim_heap_returns_freed_memory_on_glibc():
+    import platform
+
+    from coati_relay.heap import trim_heap
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("malloc_trim is glibc's")
+    assert trim_heap() is True
+    assert trim_heap() is True, "the second call reuses the loaded C library"
