@@ -30,6 +30,7 @@ from torch import nn
 from coati_relay import algorithms as algos
 from coati_relay.consumer_step import StepRows, micro_batch_rows, optimizer_step
 from coati_relay.devices import to_device
+from coati_relay.heap import trim_heap
 from coati_relay.logprobs import response_logprobs
 from coati_relay.placement import node_id
 from coati_relay.rollout import Rollout
@@ -262,8 +263,6 @@ class ConsumerWorker:
             if self.rank == 0:
                 ray.get(self.queue.report.remote(metrics), timeout=30)
             if self.round % 20 == 0:  # what the rounds freed leaves the RSS (coati_relay.heap)
-                from coati_relay.heap import trim_heap
-
                 trim_heap()
         return {"rounds": self.round - first, "last_round": self.round}
 

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from coati_relay.devices import accelerator_device
+from coati_relay.heap import trim_heap
 from coati_relay.placement import node_id
 from coati_relay.rollout import Rollout
 from coati_relay.run_config import RunConfig
@@ -221,8 +222,6 @@ class ProducerWorker:
             self._ensure_version(cfg.version_needed(task))
             self._run_task(task)
             if self.stats["tasks"] % 40 == 0:
-                from coati_relay.heap import trim_heap
-
                 trim_heap()
         self.backend_close()
         return dict(self.stats)
