@@ -8,10 +8,11 @@ import os
 from pathlib import Path
 
 import pytest
+from small_run import small_run_kwargs
 
 from coati_relay.config import ConfigError, build_run_config
 from coati_relay.hub import is_hub_id
-from coati_relay.toy import cache_as_hub_model, write_toy_dataset
+from coati_relay.toy import cache_as_hub_model
 
 REPO = "toy-org/tiny-qwen"
 CLOSED_PORT = "http://127.0.0.1:9"  # discard port: refused at once, never the Hub
@@ -27,16 +28,6 @@ def hub_cache(tmp_path, monkeypatch):
     return cache
 
 
-def launch_kwargs(tmp_path, model, **over):
-    data = write_toy_dataset(tmp_path / "toy.jsonl", num_prompts=8)
-    kw = dict(num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
-              inference_batch_size=4, inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
-              train_dataset_config={"path": str(data), "max_length": 32}, inference_model_config={"path": model},
-              generate_config={"max_new_tokens": 4}, train_model_config={"path": model},
-              grpo_config={"lr": 1e-3, "reward_fn_type": "toy_letter"}, plugin_config={},
-              inference_backend="transformers", num_generations=2, run_dir=str(tmp_path / "run"))
-    kw.update(over)
-    return kw
 
 
 def test_the_cache_entry_has_the_hub_layout(hub_cache, tiny_model_path):
@@ -51,7 +42,7 @@ def test_the_cache_entry_has_the_hub_layout(hub_cache, tiny_model_path):
 
 def test_an_id_in_the_cache_resolves_offline_for_every_role(hub_cache, tiny_model_path, tmp_path):
     snapshot = str(cache_as_hub_model(tiny_model_path, REPO))
-    cfg = build_run_config(**launch_kwargs(tmp_path, REPO, tokenizer_config={"path": REPO}))
+    cfg = build_run_config(**small_run_kwargs(tmp_path, REPO, tokenizer_config={"path": REPO}))
     m = cfg.models
     assert m.model_path == m.train_path == m.tokenizer_path == snapshot
     assert cfg.data.num_prompts == 8, "the dataset was tokenized with the cached tokenizer"
@@ -62,19 +53,19 @@ def test_hf_home_locates_the_cache_when_hf_hub_cache_is_unset(hub_cache, tiny_mo
     snapshot = str(cache_as_hub_model(tiny_model_path, REPO, cache_dir=home / "hub"))
     monkeypatch.delenv("HF_HUB_CACHE")
     monkeypatch.setenv("HF_HOME", str(home))
-    assert build_run_config(**launch_kwargs(tmp_path, REPO)).models.model_path == snapshot
+    assert build_run_config(**small_run_kwargs(tmp_path, REPO)).models.model_path == snapshot
 
 
 def test_a_critic_and_reward_model_by_id_resolve_too(hub_cache, tiny_model_path, tmp_path):
     snapshot = str(cache_as_hub_model(tiny_model_path, REPO))
-    cfg = build_run_config(**launch_kwargs(tmp_path, tiny_model_path, core_algo="PPO",
+    cfg = build_run_config(**small_run_kwargs(tmp_path, tiny_model_path, core_algo="PPO",
                                            critic_model_config={"path": REPO}))
     assert cfg.models.critic_model_path == snapshot and cfg.models.model_path == tiny_model_path
 
 
 def test_an_id_absent_offline_names_the_id_and_the_fetch_command(hub_cache, tmp_path):
     with pytest.raises(ConfigError) as err:
-        build_run_config(**launch_kwargs(tmp_path, "toy-org/absent-model"))
+        build_run_config(**small_run_kwargs(tmp_path, "toy-org/absent-model"))
     msg = str(err.value)
     assert "inference_model_config['path'] = 'toy-org/absent-model'" in msg
     assert "hf download toy-org/absent-model" in msg and "huggingface-cli download toy-org/absent-model" in msg
@@ -84,13 +75,13 @@ def test_an_id_absent_offline_names_the_id_and_the_fetch_command(hub_cache, tmp_
 def test_online_a_cached_id_is_used_without_asking_the_hub(hub_cache, tiny_model_path, tmp_path, monkeypatch):
     snapshot = str(cache_as_hub_model(tiny_model_path, REPO))
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    assert build_run_config(**launch_kwargs(tmp_path, REPO)).models.model_path == snapshot
+    assert build_run_config(**small_run_kwargs(tmp_path, REPO)).models.model_path == snapshot
 
 
 def test_online_a_failed_download_names_the_id(hub_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     with pytest.raises(ConfigError) as err:
-        build_run_config(**launch_kwargs(tmp_path, "toy-org/absent-model"))
+        build_run_config(**small_run_kwargs(tmp_path, "toy-org/absent-model"))
     assert "'toy-org/absent-model'" in str(err.value) and "downloading it" in str(err.value)
     assert "hf download toy-org/absent-model" in str(err.value)
 
@@ -100,7 +91,7 @@ def test_a_local_directory_wins_over_an_id_of_the_same_name(hub_cache, tiny_mode
     monkeypatch.chdir(tmp_path)
     (tmp_path / "toy-org").mkdir()
     os.symlink(tiny_model_path, tmp_path / REPO)
-    assert build_run_config(**launch_kwargs(tmp_path, REPO)).models.model_path == REPO
+    assert build_run_config(**small_run_kwargs(tmp_path, REPO)).models.model_path == REPO
 
 
 @pytest.mark.parametrize("value, expected", [

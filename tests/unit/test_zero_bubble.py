@@ -4,23 +4,17 @@ from __future__ import annotations
 import logging
 
 import pytest
+from small_run import small_run_kwargs
 
 from coati_relay.config import ConfigError
-from coati_relay.toy import write_toy_dataset
 from coati_relay.zero_bubble import versions_ahead, zero_bubble_config
 
 
 def kwargs(tmp_path, model, **over):
     """2 producers x 4 prompts: 8 prompts per weight version; default buffer 2 * 2 * 2 = 8 prompts."""
-    data = write_toy_dataset(tmp_path / "toy.jsonl", num_prompts=16)
-    kw = dict(num_producers=2, num_proc_per_producer=1, num_consumer_procs=2, num_episodes=1,
-              inference_batch_size=4, inference_microbatch_size=2, train_batch_size=2, train_minibatch_size=2,
-              train_dataset_config={"path": str(data), "max_length": 32}, inference_model_config={"path": model},
-              generate_config={"max_new_tokens": 4}, train_model_config={"path": model},
-              grpo_config={"lr": 1e-3, "reward_fn_type": "toy_letter"}, plugin_config={},
-              inference_backend="transformers", num_generations=2, run_dir=str(tmp_path / "run"))
-    kw.update(over)
-    return kw
+    return small_run_kwargs(tmp_path, model, num_prompts=16, **{
+        **dict(num_producers=2, num_consumer_procs=2, inference_microbatch_size=2, train_batch_size=2,
+               train_minibatch_size=2), **over})
 
 
 @pytest.mark.parametrize("limit, expected", [(0, 1), (-5, 1), (1, 1), (8, 1), (9, 2), (24, 3)])
