@@ -4,7 +4,8 @@ Entry points: `launch_distributed(...)` with ColossalChat's keywords (plus ``cor
 launch_distributed)`` lists every keyword) and `launch_zero_bubble(...)` with those of its zero-bubble variant; both
 return a `RunResult`. Extension points: `register_reward` (a reward function by name) and `register_algorithm` (an
 advantage estimator, policy loss, value loss or KL estimator by name; `coati_relay.algorithms.register`).
-`build_tiny_model` writes a tiny local model for trying things out.
+Hooks: ``callbacks=[...]`` (`coati_relay.callbacks`), `StopRun` to end a run early, `CallbackError` when a
+hook fails. `build_tiny_model` writes a tiny local model for trying things out.
 
 Names load on first use, so that `import coati_relay` stays cheap (torch, transformers and Ray are imported only
 by what needs them).
@@ -19,6 +20,8 @@ _EXPORTS = {
     "launch_zero_bubble": ("coati_relay.zero_bubble", "launch_zero_bubble"),
     "RunResult": ("coati_relay.run_result", "RunResult"),
     "RunFailed": ("coati_relay.launch", "RunFailed"),
+    "CallbackError": ("coati_relay.launch", "CallbackError"),
+    "StopRun": ("coati_relay.callbacks", "StopRun"),
     "ConfigError": ("coati_relay.config", "ConfigError"),
     "build_run_config": ("coati_relay.config", "build_run_config"),
     "register_reward": ("coati_relay.rewards", "register_reward"),

@@ -86,25 +86,28 @@ def training_reserve_bytes(backends: Dict[str, Any]) -> int:
                for b in backends.values())
 
 
-def run_colocated(cfg: RunConfig, start_round: int) -> Any:
+def run_colocated(cfg: RunConfig, start_round: int, hooks: Any = None) -> Any:
     """Trains rounds ``start_round`` .. ``cfg.total_rounds - 1``; returns the run's `RunResult`.
 
+    ``hooks``: the callbacks' `coati_relay.callbacks.Hooks`, called where each metrics line is written.
     Leaves ``os.environ`` as it found it: an engine in this process sets variables (vLLM: ``LD_PRELOAD``,
     ``LOCAL_RANK``, ``RAY_CLIENT_MODE``, inductor settings, ...) that processes started afterwards would inherit."""
     saved = dict(os.environ)
     try:
-        return _run(cfg, start_round)
+        return _run(cfg, start_round, hooks)
     finally:
         restore_environ(saved)
 
 
-def _run(cfg: RunConfig, start_round: int) -> Any:
+def _run(cfg: RunConfig, start_round: int, hooks: Any) -> Any:
+    from coati_relay.callbacks import Hooks
     from coati_relay.consumer import ConsumerWorker
     from coati_relay.metrics import MetricsLogger, ProgressBar, run_summary
     from coati_relay.producer import ProducerWorker
     from coati_relay.run_result import RunResult
     from coati_relay.trackers import open_run_trackers
 
+    hooks = hooks if hooks is not None else Hooks(cfg.callbacks)
     t_start = time.perf_counter()
     cfg.checkpointing.run_dir.mkdir(parents=True, exist_ok=True)
     consumer = ConsumerWorker(0, cfg, queue=None, weight_store=None)
@@ -153,8 +156,13 @@ def _run(cfg: RunConfig, start_round: int) -> Any:
                 counters[f"{key}_samples"] += prompts
             history.append(metrics)
             numbers = {k: v for k, v in metrics.items() if k not in ("step", "time") and isinstance(v, (int, float))}
-            logger.log(int(metrics["step"]), numbers)
+            record = logger.log(int(metrics["step"]), numbers)
             bar.update(int(metrics["step"]) - 1, numbers)
+            if hooks.round_end(int(metrics["step"]), record, metrics.get("checkpoint")):
+                if "checkpoint" not in metrics:
+                    metrics["checkpoint"] = consumer.save(consumer.round)
+                    hooks.checkpoint(consumer.round, metrics["checkpoint"])
+                break
     finally:
         bar.close()
         logger.close()
@@ -166,4 +174,5 @@ def _run(cfg: RunConfig, start_round: int) -> Any:
              summary["wall_s"], setup_s)
     return RunResult(history=history, checkpoints=[h["checkpoint"] for h in history if "checkpoint" in h],
                      run_dir=cfg.checkpointing.run_dir, summary=summary, counters=counters,
-                     producer_stats=[dict(producer.stats)], setup_s=setup_s)
+                     producer_stats=[dict(producer.stats)], setup_s=setup_s,
+                     stopped_early=hooks.stop_at is not None, stopped_at=hooks.stop_at)

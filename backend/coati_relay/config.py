@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from coati_relay import algorithms
+from coati_relay.callbacks import check_callbacks, may_stop
 from coati_relay.checkpoint import CHECKPOINTS_DIR
 from coati_relay.config_algorithm import AlgorithmConfig, build_algorithm
 from coati_relay.config_colocate import check_colocate
@@ -267,15 +268,17 @@ def build_run_config(
     timeout_s: float = 300.0, seed: int = 42, progress: bool = True, weight_sync: str = "object_store",
     placement_strategy: str = "PACK", placement_timeout_s: float = 30.0,
     role_resources: Optional[Dict[str, Dict[str, float]]] = None, colocate: bool = False,
-    report_to: Optional[List[str]] = None, **ignored: Any,
+    report_to: Optional[List[str]] = None, callbacks: Optional[List[Any]] = None, **ignored: Any,
 ) -> RunConfig:
     """Checks every launch parameter and the constraints between them; raises one `ConfigError` listing all.
 
     ``report_to``: experiment trackers besides ``metrics.jsonl``, a list of "tensorboard", "wandb" (W&B project
-    ``project_name``) or "none" (`coati_relay.trackers`)."""
+    ``project_name``) or "none" (`coati_relay.trackers`). ``callbacks``: the driver's hooks
+    (`coati_relay.callbacks`)."""
     errors: List[str] = []
     _check_launch_keys(errors, ignored)
     trackers = _report_to(errors, report_to)
+    hooks = check_callbacks(errors, callbacks)
     _positive_int(errors, "save_interval", save_interval)
     tdc = _dict(errors, "train_dataset_config", train_dataset_config)
     imc = _dict(errors, "inference_model_config", inference_model_config)
@@ -318,7 +321,8 @@ def build_run_config(
         raise ConfigError("invalid launch configuration:\n  - " + "\n  - ".join(errors))
     return RunConfig(roles=roles, batches=batches, models=models, data=data, sampling=sampling, plugin=plugin,
                      checkpointing=checkpointing, core_algo=core_algo, algo=algo, reward=reward, project_name=name,
-                     report_to=trackers, seed=seed, progress=progress, user_code=user_code)
+                     report_to=trackers, seed=seed, progress=progress, user_code=user_code, callbacks=hooks,
+                     stop_gate=may_stop(hooks))
 
 
 def _report_to(errors: List[str], report_to: Any) -> Tuple[str, ...]:

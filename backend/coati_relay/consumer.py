@@ -262,6 +262,11 @@ class ConsumerWorker:
                                         wait_s=time.perf_counter() - t0)
             if self.rank == 0:
                 ray.get(self.queue.report.remote(metrics), timeout=30)
+            if self.cfg.stop_gate and self.round < self.cfg.total_rounds:  # a driver's hook may stop the run here
+                timeout = self.cfg.roles.timeout_s
+                if ray.get(self.queue.verdict.remote(self.round, timeout), timeout=timeout + 30):
+                    return {"rounds": self.round - first, "last_round": self.round,
+                            "checkpoint": metrics.get("checkpoint") or self.save(self.round)}
             if self.round % 20 == 0:  # what the rounds freed leaves the RSS (coati_relay.heap)
                 trim_heap()
         return {"rounds": self.round - first, "last_round": self.round}
@@ -271,8 +276,6 @@ class ConsumerWorker:
         """Trains the current round on ``rollouts`` (their producers' ``metas`` and weight ``versions``), publishes
         the next weight version, checkpoints when due; returns the round's metrics. ``t0``: when the round began
         (`time.perf_counter`); ``wait_s``: how long getting the rollouts took."""
-        from coati_relay.checkpoint import save_checkpoint
-
         cfg = self.cfg
         batch = Rollout.concat(rollouts, self.tokenizer.pad_token_id)
         t1 = time.perf_counter()
@@ -281,9 +284,7 @@ class ConsumerWorker:
         self.round += 1
         metrics.update(self._publish(self.round))  # every rank gathers, rank 0 publishes
         if self.round % cfg.checkpointing.save_interval == 0 or self.round == cfg.total_rounds:
-            path = save_checkpoint(cfg.checkpointing.save_dir, self.round, self.backends,  # every rank takes part
-                                   {"round": self.round, "version": self.round})
-            metrics["checkpoint"] = str(path)
+            metrics["checkpoint"] = self.save(self.round)
         load_s = max((m.get("weight_load_last_s", 0.0) for m in metas), default=0.0)
         elapsed = max(time.perf_counter() - t0, 1e-9)
         metrics.update({
@@ -295,6 +296,13 @@ class ConsumerWorker:
             "weight_sync_s": metrics.get("weight_publish_s", 0.0) + load_s,
         })
         return metrics
+
+    def save(self, step: int) -> str:
+        """Writes the checkpoint of ``step`` (every rank takes part; rank 0 writes the files); returns its path."""
+        from coati_relay.checkpoint import save_checkpoint
+
+        return str(save_checkpoint(self.cfg.checkpointing.save_dir, step, self.backends,
+                                   {"round": step, "version": step}))
 
     # -- training --------------------------------------------------------------------------------------------
     def train_round(self, batch: Rollout) -> Dict[str, float]:

@@ -40,6 +40,10 @@ class RunFailed(RuntimeError):
         self.counters = counters or {}
 
 
+class CallbackError(RunFailed):
+    """A callback's hook raised (`coati_relay.callbacks`); the message names its class and method."""
+
+
 def launch_distributed(**kwargs: Any) -> RunResult:
     cfg = build_run_config(**kwargs)
     return run(cfg)
@@ -91,10 +95,22 @@ def _start_state(cfg: RunConfig) -> Dict[str, Any]:
 
 
 def run(cfg: RunConfig) -> RunResult:
+    from coati_relay.callbacks import Hooks
+
+    hooks = Hooks(cfg.callbacks)
     if cfg.roles.colocate:
         from coati_relay.colocated import run_colocated
 
-        return run_colocated(cfg, int(_start_state(cfg).get("round", 0)))
+        start_round = int(_start_state(cfg).get("round", 0))
+        hooks.run_start(cfg)
+        result = run_colocated(cfg, start_round, hooks)
+    else:
+        result = _run_disaggregated(cfg, hooks)
+    hooks.run_end(result)
+    return result
+
+
+def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
     # importing ray and ray.init set RAY_CLIENT_MODE, RAY_AUTH_MODE, PYTHONBREAKPOINT, ... in this process; the
     # processes the user starts afterwards must not inherit them
     environ = dict(os.environ)
@@ -112,6 +128,8 @@ def run(cfg: RunConfig) -> RunResult:
     t_start = time.perf_counter()
     start = _start_state(cfg)
     start_round = int(start.get("round", 0))
+    hooks.run_start(cfg)
+    actor_cfg = cfg.for_actors()  # the callbacks stay in the driver
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": ACTOR_ENV})
     restore_environ(environ)
@@ -132,13 +150,14 @@ def run(cfg: RunConfig) -> RunResult:
         consumer_cls = ray.remote(ConsumerWorker)
         producer_cls = ray.remote(ProducerWorker)
         consumers = [consumer_cls.options(name=f"{prefix}/consumer-{r}", **consumer_opts[r])
-                     .remote(r, cfg, queue, store) for r in range(cfg.roles.num_consumers)]
+                     .remote(r, actor_cfg, queue, store) for r in range(cfg.roles.num_consumers)]
         producers = [producer_cls.options(name=f"{prefix}/producer-{i}", **producer_opts[i])
-                     .remote(i, cfg, queue, store, start_round) for i in range(cfg.roles.num_producers)]
+                     .remote(i, actor_cfg, queue, store, start_round) for i in range(cfg.roles.num_producers)]
         started += consumers + producers
         names = {**{c: f"consumer-{r}" for r, c in enumerate(consumers)},
                  **{p: f"producer-{i}" for i, p in enumerate(producers)}}
         supervisor = _Supervisor(cfg, queue, names, services={queue: "rollout queue", store: "weight store"})
+        hooks.fail = lambda message: supervisor._fail(message, error=CallbackError)
         addr, port, weight_port = supervisor.wait_all([consumers[0].rendezvous.remote()], consumers[:1],
                                                       what="rendezvous")[0]
         setup_refs = ([c.setup.remote(addr, port, weight_port) for c in consumers]
@@ -159,10 +178,13 @@ def run(cfg: RunConfig) -> RunResult:
         def on_report(rec: Dict[str, Any]) -> None:
             history.append(rec)
             numbers = {k: v for k, v in rec.items() if k not in ("step", "time") and isinstance(v, (int, float))}
-            logger.log(int(rec["step"]), numbers)
+            record = logger.log(int(rec["step"]), numbers)
             bar.update(int(rec["step"]) - 1, numbers)
+            stop = hooks.round_end(int(rec["step"]), record, rec.get("checkpoint"))
+            if cfg.stop_gate:
+                ray.get(queue.set_verdict.remote(int(rec["step"]), stop), timeout=30)
 
-        results = supervisor.supervise(run_refs, on_report=on_report)
+        results = supervisor.supervise(run_refs, on_report=on_report, stopped=lambda: hooks.stop_at is not None)
         train_s = time.perf_counter() - t_start - setup_s
         bar.close()
         counters = supervisor.counters
@@ -176,12 +198,17 @@ def run(cfg: RunConfig) -> RunResult:
             ray.kill(actor, no_restart=True)
         remove_placement_group(pg)
     checkpoints = [h["checkpoint"] for h in history if "checkpoint" in h]
+    stop_path = next((results[c].get("checkpoint") for c in consumers[:1] if c in results), None)
+    if hooks.stop_at is not None and stop_path and stop_path not in checkpoints:
+        checkpoints.append(stop_path)
+        hooks.checkpoint(hooks.stop_at, stop_path)
     summary = run_summary(logger.history)
     summary["setup_s"] = setup_s
     summary["wall_s"] = train_s  # training only; the log's timestamps are when the driver saw each step
     return RunResult(history=history, checkpoints=checkpoints, run_dir=cfg.checkpointing.run_dir, summary=summary,
                      counters=counters, producer_stats=[results[p] for p in producers if p in results],
-                     setup_s=setup_s, nodes=nodes)
+                     setup_s=setup_s, nodes=nodes, stopped_early=hooks.stop_at is not None,
+                     stopped_at=hooks.stop_at)
 
 
 class _Supervisor:
@@ -208,7 +235,7 @@ class _Supervisor:
         dead = sorted(self.services.dead(timeout_s))
         return f"the {dead[0]} actor died ({_short(self.services.causes[dead[0]], 300)})" if dead else None
 
-    def _fail(self, message: str, dead: Optional[str] = None) -> None:
+    def _fail(self, message: str, dead: Optional[str] = None, error: type = RunFailed) -> None:
         import ray
 
         dead = dead or self._dead_service(timeout_s=1.0)
@@ -219,7 +246,7 @@ class _Supervisor:
             self.counters = ray.get(self.queue.counters.remote(), timeout=10)
         except Exception:  # the queue itself may be gone: keep the last counters it gave
             message += " (queue counters as of its last answer)"
-        raise RunFailed(f"{message}; queue counters: {self.counters}", dict(self.counters))
+        raise error(f"{message}; queue counters: {self.counters}", dict(self.counters))
 
     def _poll(self, on_report) -> bool:
         """Reads the new step reports and the counters; True when there were reports."""
@@ -268,7 +295,8 @@ class _Supervisor:
                 self._fail(f"{self.names[actor]} failed during {what}: {_short(exc)}")
         return out
 
-    def supervise(self, run_refs: Dict[Any, Any], on_report) -> Dict[Any, Any]:
+    def supervise(self, run_refs: Dict[Any, Any], on_report, stopped=lambda: False) -> Dict[Any, Any]:
+        """Waits for every role's run; once ``stopped()`` (a callback stopped the run), for the consumers only."""
         import ray
 
         results: Dict[Any, Any] = {}
@@ -276,6 +304,8 @@ class _Supervisor:
         alive_producers = sum(1 for a in pending.values() if self.names[a].startswith("producer"))
         last_progress = time.monotonic()
         while pending:
+            if stopped() and not any(self.names[a].startswith("consumer") for a in pending.values()):
+                break  # the producers are stopped with the other actors
             ref = self._wait_one(pending, timeout_s=1.0)
             if self._poll(on_report):
                 last_progress = time.monotonic()

@@ -67,6 +67,10 @@ LAUNCH_KEYWORDS: Dict[str, Tuple[str, str]] = {
     "role_resources": (EXT, "custom Ray resources per role: {'producer': {...}, 'consumer': {...}}"),
     "colocate": (EXT, "one producer and one consumer in the driver's process, sharing the policy, without Ray"),
     "report_to": (EXT, "trackers besides metrics.jsonl: a list of 'tensorboard', 'wandb' or 'none'"),
+    "callbacks": (EXT, "objects with hook methods on_run_start(config), on_round_end(step, metrics), "
+                       "on_checkpoint(step, path), on_run_end(result) (on_evaluate(step, results): not called yet), "
+                       "called in the driver in list order; on_round_end may raise coati_relay.StopRun to end the "
+                       "run there with a checkpoint (coati_relay.callbacks)"),
 }
 
 

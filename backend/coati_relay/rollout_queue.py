@@ -204,6 +204,7 @@ class RolloutQueueActor(ServiceActor):
         self.state = RolloutQueueState(maxsize, staleness)
         self.board = TaskBoard(total_tasks, first_task)
         self.log = ReportLog()
+        self.verdict_step, self.stop_at = -1, None  # the driver's hooks (`coati_relay.callbacks`)
         self._changed = asyncio.Condition()
 
     async def _wait(self, predicate, timeout_s: Optional[float], what: str) -> None:
@@ -258,6 +259,16 @@ class RolloutQueueActor(ServiceActor):
     def report(self, record: Dict[str, Any]) -> None:
         """Consumer rank 0 posts one metrics record per step; the driver reads them with `progress`."""
         self.log.post(record)
+
+    async def set_verdict(self, step: int, stop: bool) -> None:
+        """The driver ran its hooks on step ``step``'s report: the consumers may go on (or stop, with ``stop``)."""
+        self.verdict_step, self.stop_at = step, (step if stop else self.stop_at)
+        await self._notify()
+
+    async def verdict(self, step: int, timeout_s: Optional[float] = None) -> bool:
+        """Blocks until the driver has run its hooks on step ``step``; True when the run stops there."""
+        await self._wait(lambda: self.verdict_step >= step, timeout_s, f"the driver's hooks on step {step}")
+        return self.stop_at == step
 
     def reports(self, since: int = 0) -> List[Dict[str, Any]]:
         """The reports posted after the first ``since``, which the reader holds and the log forgets."""

@@ -4,7 +4,7 @@ Sizes are in prompts unless the name says samples or sequences.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -115,6 +115,13 @@ class RunConfig:
     seed: int = 42
     progress: bool = True
     user_code: UserCode = field(default_factory=UserCode)
+    # the driver's hooks (`coati_relay.callbacks`); never sent to an actor (`for_actors`)
+    callbacks: Tuple[Any, ...] = field(default=(), compare=False, repr=False)
+    stop_gate: bool = False  # consumers wait for the driver's verdict after each round (a hook may stop the run)
+
+    def for_actors(self) -> "RunConfig":
+        """This config without the callbacks: what the actors get."""
+        return replace(self, callbacks=())
 
     # -- derived sizes ---------------------------------------------------------------------------------------
     @property

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 
 @dataclass
@@ -18,3 +18,5 @@ class RunResult:
     setup_s: float = 0.0
     nodes: Dict[str, str] = field(default_factory=dict)  # role or service ("producer-0", "weight-store") -> node id
     # (empty in a colocated run, which has no Ray nodes)
+    stopped_early: bool = False  # a callback raised StopRun (`coati_relay.callbacks`)
+    stopped_at: Optional[int] = None  # the step it stopped at, where its last checkpoint is

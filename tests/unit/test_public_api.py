@@ -12,7 +12,8 @@ from coati_relay.config_keys import IGNORED_LAUNCH_KEYS
 from coati_relay.launch_keywords import LAUNCH_KEYWORDS
 
 PUBLIC = ("launch_distributed", "launch_zero_bubble", "RunResult", "register_reward", "register_algorithm",
-          "build_tiny_model", "ConfigError", "RunFailed", "build_run_config", "write_toy_dataset")
+          "build_tiny_model", "ConfigError", "RunFailed", "build_run_config", "write_toy_dataset",
+          "CallbackError", "StopRun")
 
 
 def test_public_names_import_and_are_listed():
