@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 WORLD = 2
 TIMEOUT_S = 120
-PARAMS = type("P", (), {"beta": 0.2})
+PARAMS = type("P", (), {"beta": 0.2, "kl_estimator": "k3"})
 
 
 def _batch():
