@@ -94,10 +94,10 @@ def _recording_roles(out: Path):
     from coati_relay.producer import ProducerWorker
 
     class RecordingProducer(ProducerWorker):
-        def _load_version(self, min_version: int, timeout_s: float) -> None:
+        def _load_fetched(self, version, tensors) -> None:
             import torch
 
-            super()._load_version(min_version, timeout_s)
+            super()._load_fetched(version, tensors)
             state = {k: v.detach().clone() for k, v in self.backend.model.state_dict().items()}
             torch.save(state, out / f"{self.name}-v{self.backend.weight_version}.pt")
 
