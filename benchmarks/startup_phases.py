@@ -8,7 +8,7 @@ Each phase is timed in the order a run meets it, so an import counts only what t
 - both sides: ``torch`` (the interpreter's own start is ``python_s``, from the process's creation to this script),
   ``transformers`` (with ``AutoModelForCausalLM``);
 - TRL: ``trl`` (``GRPOTrainer``, with ``datasets``), then ``trainer`` (the model loaded and ``GRPOTrainer`` built);
-- engine (the colocated placement's set-up, `coati_relay.colocated`): ``coati_relay`` (the driver's config
+- engine (the colocated placement's set-up, `coati_relay.roles.colocated`): ``coati_relay`` (the driver's config
   modules), ``colossalai`` (``Booster`` and its DDP plugin), ``config`` (`build_run_config`: the checks before
   anything starts), ``consumer`` (the policy loaded and boosted, ``ConsumerWorker.setup_colocated``), and with vLLM
   ``vllm`` (its import) and ``engine`` (the producer's set-up: the vLLM engine started, its compilation
@@ -96,9 +96,9 @@ def engine_startup(p: Phases, model: str, work_dir: Path, backend: str, new_toke
         from colossalai.booster.plugin import TorchDDPPlugin  # noqa: F401
 
     p.run("colossalai", colossalai)
-    from coati_relay.config import build_run_config
-    from coati_relay.consumer import ConsumerWorker
-    from coati_relay.producer import ProducerWorker
+    from coati_relay.config.build import build_run_config
+    from coati_relay.roles.consumer import ConsumerWorker
+    from coati_relay.roles.producer import ProducerWorker
 
     cfg = p.run("config", lambda: build_run_config(**peer_grpo.engine_kwargs(
         model, 1, work_dir, backend, True, new_tokens, engine)))

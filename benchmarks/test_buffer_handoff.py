@@ -153,7 +153,7 @@ def test_legacy_queue(benchmark, work, maker, expected):
 
 
 def test_engine_rollout_queue(benchmark, work, maker, expected):
-    from coati_relay.rollout_queue import make_rollout_queue
+    from coati_relay.exchange.queue import make_rollout_queue
 
     size, actor = maker
     queue = make_rollout_queue(maxsize=0, staleness=None)

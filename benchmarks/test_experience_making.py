@@ -124,7 +124,7 @@ def test_legacy_maker(benchmark, work, legacy_maker, prompts, medium_model_path)
 @torch.no_grad()
 def _engine_experience(backend, scorers, prompts, generate_seconds):
     """The engine's producer step plus the consumer's no-grad PPO inputs; returns the rollout with them set."""
-    from coati_relay.logprobs import response_logprobs
+    from coati_relay.roles.logprobs import response_logprobs
 
     t0 = time.perf_counter()
     rollout = backend.generate(prompts, 1)

@@ -1,7 +1,8 @@
 """Long-run hygiene (a soak): the resident memory (RSS) of every process of a GRPO run over many rounds of the toy
 task, in both placements, and how fast each grows per round.
 
-Each placement runs in a fresh process (`coati_relay.memory_soak.soak`): GRPO on the toy task with the transformers
+Each placement runs in a fresh process (`coati_relay.observe.memory_soak.soak`): GRPO on the toy task with the
+transformers
 backend, 8 prompts x 4 samples of 8 new tokens a round, one producer and one consumer, no checkpoint during the
 run. Its process tree is sampled four times a second and filed by role: the driver, the four actors (consumer,
 producer, rollout queue, weight store: disaggregated only), Ray's daemons (``gcs_server``, ``raylet``) and the rest
@@ -23,7 +24,7 @@ import logging
 
 import pytest
 
-from coati_relay.memory_soak import ACTOR_ROLES, RAY_DAEMONS, format_report, soak
+from coati_relay.observe.memory_soak import ACTOR_ROLES, RAY_DAEMONS, format_report, soak
 
 log = logging.getLogger(__name__)
 

@@ -102,7 +102,7 @@ class EngineLegacyMathSide:
 
     def step(self, batch):
         from coati_relay import algorithms as algos
-        from coati_relay.logprobs import response_logprobs
+        from coati_relay.roles.logprobs import response_logprobs
 
         seq, attn, mask = batch["sequences"], batch["attention_mask"], batch["action_mask"]
         self.policy.train()
@@ -166,11 +166,11 @@ def test_engine_step_legacy_math(benchmark, work, model, initial, batch, first_l
 @pytest.fixture(scope="module")
 def consumer(ray_session, model, tmp_path_factory):
     """A real PPO `ConsumerWorker` (rank 0 of 1; it publishes its weights to a real weight store)."""
-    from coati_relay.config import build_run_config
-    from coati_relay.consumer import ConsumerWorker
+    from coati_relay.config.build import build_run_config
+    from coati_relay.exchange.weight_sync import make_weight_store
+    from coati_relay.roles.consumer import ConsumerWorker
     from coati_relay.toy import write_toy_dataset
     from coati_relay.training.distributed import process_group_env_kept
-    from coati_relay.weight_sync import make_weight_store
 
     name, path = model
     d = tmp_path_factory.mktemp(f"ppo-{name}")

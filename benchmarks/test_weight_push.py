@@ -87,7 +87,7 @@ def _engine_push(trainer, publisher, subscriber, backend, versions):
 
 @pytest.mark.parametrize("backend_name", ["transformers", "vllm"])
 def test_engine_push(benchmark, work, request, ray_session, trainer, backend_name, medium_model_path):
-    from coati_relay.weight_sync import WeightPublisher, WeightSubscriber, make_weight_store
+    from coati_relay.exchange.weight_sync import WeightPublisher, WeightSubscriber, make_weight_store
 
     if backend_name == "vllm":
         backend = request.getfixturevalue("vllm_backend")
@@ -117,7 +117,7 @@ def test_engine_push(benchmark, work, request, ray_session, trainer, backend_nam
 
 def _assert_generates_with(backend, model) -> None:
     """The engine's behaviour log-probs are those of ``model`` (the pushed weights), not of its initial ones."""
-    from coati_relay.logprobs import response_logprobs
+    from coati_relay.roles.logprobs import response_logprobs
 
     backend.sampling = SamplingConfig(max_new_tokens=16, temperature=1.0, seed=SEED)
     rollout = backend.generate(PROMPTS, 2)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence
 
-from coati_relay.config_keys import closest
+from coati_relay.config.keys import closest
 
 HOOKS = ("on_run_start", "on_round_end", "on_checkpoint", "on_evaluate", "on_run_end")
 STOPPING_HOOKS = ("on_round_end", "on_checkpoint")  # where StopRun is honoured

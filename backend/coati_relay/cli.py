@@ -20,9 +20,9 @@ SUBCOMMAND_GROUP = "coati_relay.subcommands"
 def _run(args: argparse.Namespace) -> int:
     import yaml
 
-    from coati_relay.config import ConfigError
+    from coati_relay.config.build import ConfigError
     from coati_relay.launch import RunFailed, launch_distributed
-    from coati_relay.metrics import summary_table
+    from coati_relay.observe.metrics import summary_table
 
     with open(args.config) as f:
         kwargs = yaml.safe_load(f)
@@ -43,7 +43,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from coati_relay.plotting import plot_run
+    from coati_relay.observe.plotting import plot_run
 
     png = plot_run(args.run_dirs if len(args.run_dirs) > 1 else args.run_dirs[0], out_png=args.out)
     print(png)
@@ -130,7 +130,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("coati_relay.metrics").setLevel(logging.INFO)  # progress lines when stdout is no terminal
+    logging.getLogger("coati_relay.observe.metrics").setLevel(logging.INFO)  # progress lines when stdout is no terminal
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "demo":

@@ -52,8 +52,8 @@ def run_demo(out_dir: str = "runs/demo", rounds: int = 20, backend: Optional[str
     backend = backend or ("transformers" if colocate else "vllm")
 
     from coati_relay.launch import launch_distributed
-    from coati_relay.metrics import summary_table
-    from coati_relay.plotting import plot_run
+    from coati_relay.observe.metrics import summary_table
+    from coati_relay.observe.plotting import plot_run
     from coati_relay.toy import build_tiny_model, write_toy_dataset
 
     t0 = time.perf_counter()

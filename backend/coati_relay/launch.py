@@ -1,6 +1,6 @@
 """`launch_distributed`: ColossalChat's entry point, on Ray, returning a `RunResult` instead of None.
 
-With ``colocate=True`` the run stays in the driver's process instead (`coati_relay.colocated`): no Ray at all.
+With ``colocate=True`` the run stays in the driver's process instead (`coati_relay.roles.colocated`): no Ray at all.
 
 The driver validates the whole configuration first, then starts the queue, the weight store, the consumers and
 the producers, and supervises them: every wait has a timeout, and a dead actor ends the run within seconds with an
@@ -14,12 +14,12 @@ import time
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
-from coati_relay.config import build_run_config
-from coati_relay.config_keys import IGNORED_LAUNCH_KEYS
-from coati_relay.environ import restore_environ
-from coati_relay.launch_keywords import keywords_doc
-from coati_relay.run_config import RunConfig
-from coati_relay.run_result import RunResult
+from coati_relay.cluster.environ import restore_environ
+from coati_relay.config.build import build_run_config
+from coati_relay.config.keys import IGNORED_LAUNCH_KEYS
+from coati_relay.config.launch_keywords import keywords_doc
+from coati_relay.config.schema import RunConfig
+from coati_relay.observe.run_result import RunResult
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +58,11 @@ launch_distributed.__doc__ = keywords_doc(
 
 
 def _place(cfg: RunConfig) -> Tuple[Any, List[Dict[str, Any]]]:
-    """Reserves the roles' placement group (`coati_relay.placement`); returns it and the actor options of each
+    """Reserves the roles' placement group (`coati_relay.cluster.placement`); returns it and the actor options of each
     bundle, producers first. Raises `PlacementError` within seconds when the cluster cannot hold a role."""
     import ray
 
-    from coati_relay.placement import (
+    from coati_relay.cluster.placement import (
         actor_options,
         autoscaler_configured,
         check_plugin_placement,
@@ -99,7 +99,7 @@ def run(cfg: RunConfig) -> RunResult:
 
     hooks = Hooks(cfg.callbacks)
     if cfg.roles.colocate:
-        from coati_relay.colocated import run_colocated
+        from coati_relay.roles.colocated import run_colocated
 
         start_round = int(_start_state(cfg).get("round", 0))
         hooks.run_start(cfg)
@@ -117,13 +117,13 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
     import ray
     from ray.util.placement_group import remove_placement_group
 
-    from coati_relay.consumer import ConsumerWorker
-    from coati_relay.metrics import MetricsLogger, ProgressBar, run_summary
-    from coati_relay.placement import on_head_node
-    from coati_relay.producer import ProducerWorker
-    from coati_relay.rollout_queue import make_rollout_queue
-    from coati_relay.trackers import open_run_trackers
-    from coati_relay.weight_sync import make_weight_store
+    from coati_relay.cluster.placement import on_head_node
+    from coati_relay.exchange.queue import make_rollout_queue
+    from coati_relay.exchange.weight_sync import make_weight_store
+    from coati_relay.observe.metrics import MetricsLogger, ProgressBar, run_summary
+    from coati_relay.observe.trackers import open_run_trackers
+    from coati_relay.roles.consumer import ConsumerWorker
+    from coati_relay.roles.producer import ProducerWorker
 
     t_start = time.perf_counter()
     start = _start_state(cfg)
@@ -215,13 +215,13 @@ class _Supervisor:
     """Waits on actor calls with timeouts, and turns a dead actor into a `RunFailed` that names it.
 
     Besides the roles' calls it probes the service actors (the queue, the weight store) through their pending
-    ``watch`` calls (`coati_relay.liveness.LivenessProbe`): Ray fails such a call when its actor dies, so a dead
+    ``watch`` calls (`coati_relay.cluster.liveness.LivenessProbe`): Ray fails such a call when its actor dies, so a dead
     service is named as the cause, not the role that tripped over it. ``counters`` holds the queue's counters as of
     the last poll (every second).
     """
 
     def __init__(self, cfg: RunConfig, queue, names: Dict[Any, str], services: Dict[Any, str]):
-        from coati_relay.liveness import LivenessProbe
+        from coati_relay.cluster.liveness import LivenessProbe
 
         self.cfg = cfg
         self.queue = queue

@@ -122,7 +122,7 @@ def cache_as_hub_model(model_dir: os.PathLike, repo_id: str, cache_dir: Optional
     ``commit``: 40 hex digits (default: derived from the files' hashes)."""
     import hashlib
 
-    from coati_relay.hub import hub_cache_dir
+    from coati_relay.config.hub import hub_cache_dir
 
     src = Path(model_dir)
     files = sorted(p for p in src.rglob("*") if p.is_file())

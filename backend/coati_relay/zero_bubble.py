@@ -13,11 +13,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from coati_relay.config import ConfigError, build_run_config
-from coati_relay.config_keys import IGNORED_LAUNCH_KEYS
-from coati_relay.launch_keywords import keywords_doc
-from coati_relay.run_config import RunConfig
-from coati_relay.run_result import RunResult
+from coati_relay.config.build import ConfigError, build_run_config
+from coati_relay.config.keys import IGNORED_LAUNCH_KEYS
+from coati_relay.config.launch_keywords import keywords_doc
+from coati_relay.config.schema import RunConfig
+from coati_relay.observe.run_result import RunResult
 
 
 def _int(v: Any) -> bool:

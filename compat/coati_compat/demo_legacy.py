@@ -33,7 +33,7 @@ PROMPT_TOKENS, NEW_TOKENS, _TIMEOUT_S = 24, 12, 1800
 
 def score_sequences(tokenizer: Any, sequences: torch.Tensor) -> torch.Tensor:
     """Toy-letter reward [B] of token sequences [B,S] made from the toy prompts (prompt text, then response)."""
-    from coati_relay.rewards import get_reward_fn
+    from coati_relay.parts import get_reward_fn
 
     responses, letters = [], []
     for text in tokenizer.batch_decode(sequences, skip_special_tokens=True):
@@ -75,7 +75,7 @@ def _metrics_callback(model_path: str, run_dir: str, batch_size: int) -> Any:
         def on_batch_end(self, metrics: Dict[str, float], experience: Any) -> None:
             from transformers import AutoTokenizer
 
-            from coati_relay.metrics import MetricsLogger
+            from coati_relay.parts import MetricsLogger
 
             if self.log is None:
                 self.tokenizer, self.log = AutoTokenizer.from_pretrained(model_path), MetricsLogger(run_dir)
@@ -164,8 +164,7 @@ def run_legacy_ppo(model_path: str, csv_path: str, run_dir: str, num_makers: int
             raise ValueError(f"run_legacy_ppo: {path} does not exist")
     import ray
 
-    from coati_relay.metrics import read_metrics
-    from coati_relay.training.distributed import free_port
+    from coati_relay.parts import free_port, read_metrics
 
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
@@ -234,8 +233,7 @@ def demo_row(model_path: str, out_dir: Path, steps: int = 100) -> Dict[str, Any]
 
     Legacy PPO makes one response per prompt and trains on 16 of them per step, so it takes more (cheaper) steps than
     the engine's rows."""
-    from coati_relay.metrics import run_summary
-    from coati_relay.toy import write_toy_dataset
+    from coati_relay.parts import run_summary, write_toy_dataset
 
     out = Path(out_dir)
     csv = str(write_toy_dataset(out / "prompts.csv", num_prompts=8, fmt="csv"))

@@ -65,7 +65,7 @@ def _build_table() -> Dict[str, Deprecation]:
     launch = "coati_relay.launch_distributed(...)"
     hf_models = "a Hugging Face checkpoint path in the model configs of " + launch
     plugins = "plugin_config of " + launch + " (plugins 'ddp', 'zero2', 'gemini', 'hybrid')"
-    queue = "the engine's rollout queue, which " + launch + " sets up (coati_relay.rollout_queue)"
+    queue = "the engine's rollout queue, which " + launch + " sets up (coati_relay.exchange.queue)"
 
     # coati.ray: the Ray roles (served by coati_compat.shims) and their helpers.
     modules("coati_compat.shims.trainer_base", "a consumer started by " + launch, "coati.ray.detached_trainer_base")
@@ -94,9 +94,9 @@ def _build_table() -> Dict[str, Deprecation]:
         "get_tokenizer_from_args": "transformers.AutoTokenizer.from_pretrained(<local path>)",
         "set_dist_env": launch + ", which sets up the process groups itself",
         "get_model_numel": "sum(p.numel() for p in model.parameters())",
-        "get_grad_required_state_dict": "coati_relay.weight_sync",
+        "get_grad_required_state_dict": "coati_relay.exchange.weight_sync",
         "get_receivers_per_sender": "the engine's rollout queue, which every consumer reads (no routing to compute)",
-        "state_dict_to": "coati_relay.weight_sync, which keeps each tensor's dtype",
+        "state_dict_to": "coati_relay.exchange.weight_sync, which keeps each tensor's dtype",
     })
     modules("coati_compat.legacy.callbacks", "the metrics history returned by " + launch,
             "coati.ray.callbacks", "coati.ray.callbacks.base", "coati.ray.callbacks.performance_evaluator")
@@ -106,10 +106,10 @@ def _build_table() -> Dict[str, Deprecation]:
         "TrainerPerformanceEvaluator": "the throughput metrics returned by " + launch,
         "ExperienceMakerPerformanceEvaluator": "the throughput metrics returned by " + launch,
     })
-    modules("coati_compat.legacy.lora", "LoRA adapters published by coati_relay.weight_sync",
+    modules("coati_compat.legacy.lora", "LoRA adapters published by coati_relay.exchange.weight_sync",
             "coati.ray.lora_constructor", "coati.models.lora")
     names("coati.ray.lora_constructor", "coati_compat.legacy.lora", {
-        "LoRAConstructor": "LoRA adapters published by coati_relay.weight_sync",
+        "LoRAConstructor": "LoRA adapters published by coati_relay.exchange.weight_sync",
         "LoRAConfig": "peft.LoraConfig",
     })
     names("coati.models.lora", "coati_compat.legacy.lora", {

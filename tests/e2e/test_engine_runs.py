@@ -90,8 +90,8 @@ def _recording_roles(out: Path):
     """A producer that saves its inference model's weights after each load (``producer-<i>-v<version>.pt``) and a
     consumer whose publisher saves each version it publishes (``published-v<version>.pt``), both into ``out``.
     Defined here, inside a function, so that Ray ships the classes by value to its actors."""
-    from coati_relay.consumer import ConsumerWorker
-    from coati_relay.producer import ProducerWorker
+    from coati_relay.roles.consumer import ConsumerWorker
+    from coati_relay.roles.producer import ProducerWorker
 
     class RecordingProducer(ProducerWorker):
         def _load_fetched(self, version, tensors) -> None:
@@ -124,7 +124,8 @@ def test_collective_weight_sync(ray_cluster, tiny_model_path, data, tmp_path, mo
     producer loads holds, value for value, the weights the consumer published as that version."""
     import torch
 
-    from coati_relay import consumer, launch_distributed, producer
+    from coati_relay import launch_distributed
+    from coati_relay.roles import consumer, producer
 
     out = tmp_path / "weights"
     out.mkdir()

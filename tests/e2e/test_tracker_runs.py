@@ -33,9 +33,9 @@ def test_grpo_run_writes_tensorboard_and_offline_wandb_equal_to_the_jsonl(tiny_m
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     run_dir = tmp_path / "run"
-    with caplog.at_level(logging.WARNING, logger="coati_relay.trackers"):
+    with caplog.at_level(logging.WARNING, logger="coati_relay.observe.trackers"):
         colocated_run(tiny_model_path, data, run_dir, report_to=["tensorboard", "wandb"], project_name="toy trackers")
-    assert not [r.getMessage() for r in caplog.records if r.name == "coati_relay.trackers"], "no tracker failed"
+    assert not [r.getMessage() for r in caplog.records if r.name == "coati_relay.observe.trackers"], "no tracker failed"
     want = jsonl_steps(run_dir)
     assert sorted(want) == [1, 2, 3] and {"reward", "loss", "grad_norm", "kl", "response_length",
                                           "samples_per_s", "generate_s", "train_s"} <= set(want[1])
@@ -60,8 +60,7 @@ def test_broken_trackers_leave_the_run_and_its_jsonl_unchanged(tiny_model_path, 
                                                                caplog):
     """W&B not installed (its import fails) and a TensorBoard writer whose disk is full: each warns once, naming the
     tracker and the fix; the run trains, checkpoints and logs exactly as without trackers."""
-    from coati_relay import trackers
-
+    from coati_relay.observe import trackers
     plain = colocated_run(tiny_model_path, data, tmp_path / "plain")
 
     def disk_full(self, step, metrics):
@@ -69,9 +68,9 @@ def test_broken_trackers_leave_the_run_and_its_jsonl_unchanged(tiny_model_path, 
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
     monkeypatch.setattr(trackers.TensorBoardTracker, "log", disk_full)
-    with caplog.at_level(logging.WARNING, logger="coati_relay.trackers"):
+    with caplog.at_level(logging.WARNING, logger="coati_relay.observe.trackers"):
         broken = colocated_run(tiny_model_path, data, tmp_path / "broken", report_to=["tensorboard", "wandb"])
-    warned = [r.getMessage() for r in caplog.records if r.name == "coati_relay.trackers"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "coati_relay.observe.trackers"]
     assert len(warned) == 2, warned
     assert "'wandb'" in warned[0] and "ModuleNotFoundError" in warned[0] and "Fix: pip install wandb" in warned[0]
     assert "'tensorboard'" in warned[1] and "No space left" in warned[1] and "free space" in warned[1]

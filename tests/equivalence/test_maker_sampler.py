@@ -79,7 +79,7 @@ def test_behaviour_logprobs_follow_the_actor_across_a_push(tiny_model_path, samp
     transformers report the log-probs of the tokens they drew; the actor recomputes them)."""
     from transformers import AutoModelForCausalLM
 
-    from coati_relay.logprobs import response_logprobs
+    from coati_relay.roles.logprobs import response_logprobs
     from coati_relay.toy import build_tiny_model
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()

@@ -73,7 +73,7 @@ def test_an_actor_placed_without_a_gpu_sees_none_on_a_gpu_host(gpu_ray_cluster):
     so the placement hides the GPUs itself."""
     from ray.util.placement_group import remove_placement_group
 
-    from coati_relay.placement import RoleRequest, actor_options, reserve
+    from coati_relay.cluster.placement import RoleRequest, actor_options, reserve
 
     @gpu_ray_cluster.remote
     class Probe:

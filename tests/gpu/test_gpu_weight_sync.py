@@ -27,8 +27,8 @@ def test_collective_weight_sync_on_cuda(gpu_ray_cluster, tiny_model_path, data, 
 
 
 def test_two_members_on_one_gpu_broadcast_over_gloo():
+    from coati_relay.exchange.weight_sync_collective import WeightGroup
     from coati_relay.training.rendezvous import host_store, join_store
-    from coati_relay.weight_sync_collective import WeightGroup
 
     hosted = host_store(2, timeout_s=60)
     groups = {}
@@ -54,9 +54,9 @@ def test_collective_sync_delivers_a_trained_models_weights_value_for_value(gpu_r
     the publisher's logits exactly."""
     from transformers import AutoModelForCausalLM
 
+    from coati_relay.exchange.weight_sync import make_weight_store
+    from coati_relay.exchange.weight_sync_collective import CollectivePublisher, CollectiveSubscriber
     from coati_relay.training.rendezvous import host_store
-    from coati_relay.weight_sync import make_weight_store
-    from coati_relay.weight_sync_collective import CollectivePublisher, CollectiveSubscriber
 
     def model(dtype):
         return AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=dtype).cuda().eval()
@@ -88,7 +88,7 @@ def test_collective_sync_delivers_a_trained_models_weights_value_for_value(gpu_r
 _MEMBER = textwrap.dedent("""
     import sys, torch
     from coati_relay.training.rendezvous import host_store, join_store
-    from coati_relay.weight_sync_collective import WeightGroup
+    from coati_relay.exchange.weight_sync_collective import WeightGroup
     rank, world, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     torch.cuda.set_device(rank)
     store = host_store(world, 60, port=port) if rank == 0 else join_store("127.0.0.1", port, world, 60)

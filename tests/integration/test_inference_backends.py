@@ -18,7 +18,7 @@ from coati_relay.inference import (
     VLLMBackend,
     build_inference_backend,
 )
-from coati_relay.logprobs import response_logprobs
+from coati_relay.roles.logprobs import response_logprobs
 
 PROMPTS = [[3, 40, 41, 42, 43, 44], [7, 8], [10, 20, 30, 40], [100, 101, 102], [200], [5, 6, 7, 8, 9]]
 BASE = SamplingConfig(max_new_tokens=12, temperature=0.7, seed=1234)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from coati_relay.inference import SamplingConfig, VLLMBackend
-from coati_relay.logprobs import response_logprobs
+from coati_relay.roles.logprobs import response_logprobs
 from coati_relay.toy import build_tiny_model
 
 pytestmark = pytest.mark.slow

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coati_relay.weight_sync import (
+from coati_relay.exchange.weight_sync import (
     WeightPublisher,
     WeightSubscriber,
     flatten_state_dict,
@@ -81,7 +81,7 @@ def test_publish_and_fetch_through_ray(ray_cluster):
 
 
 def test_wire_format_round_trips_every_dtype():
-    from coati_relay.weight_sync import _from_wire, _to_wire
+    from coati_relay.exchange.weight_sync import _from_wire, _to_wire
 
     sd = {"f": torch.randn(4), "b": torch.randn(3).bfloat16(), "h": torch.randn(2).half(), "i": torch.arange(3)}
     buffers, meta = flatten_state_dict(sd)
@@ -93,7 +93,7 @@ def test_wire_format_round_trips_every_dtype():
 def test_packed_state_dict_reads_as_the_state_dict_it_packs():
     import pickle
 
-    from coati_relay.weight_sync import PackedStateDict
+    from coati_relay.exchange.weight_sync import PackedStateDict
 
     sd = {"w": torch.randn(3, 2).half(), "b": torch.randn(2).bfloat16(), "ids": torch.arange(4)}
     packed = pickle.loads(pickle.dumps(PackedStateDict(sd)))  # as a maker receives it

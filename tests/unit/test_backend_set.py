@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from coati_relay.seeding import seed_everything
+from coati_relay.roles.seeding import seed_everything
 from coati_relay.training.backend_set import BackendSet
 from coati_relay.training.booster_backend import TrainingBackend, unwrap_boosted
 from coati_relay.training.checkpoint_files import PlainFiles

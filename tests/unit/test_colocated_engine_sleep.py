@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from coati_relay import colocated
-from coati_relay.consumer import ConsumerWorker
+from coati_relay.roles import colocated
+from coati_relay.roles.consumer import ConsumerWorker
 
 pytestmark = pytest.mark.slow
 

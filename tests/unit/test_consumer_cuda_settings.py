@@ -9,8 +9,8 @@ import pytest
 import torch
 from train_round_helpers import BigramLM, TokenCritic, make_config, make_rollout
 
-from coati_relay.consumer import ConsumerWorker
-from coati_relay.run_config import Plugin
+from coati_relay.config.schema import Plugin
+from coati_relay.roles.consumer import ConsumerWorker
 from coati_relay.training import booster_backend
 
 
@@ -64,7 +64,7 @@ def test_the_reference_model_computes_in_the_training_precision(paths, monkeypat
 def test_the_engine_dtype_follows_the_training_precision(paths, monkeypatch, backend, colocate, given, expected):
     """bf16 plugins (zero2 by default) give a bf16 engine unless the user chose a dtype; a colocated transformers
     producer generates with the training model itself."""
-    from coati_relay.config import build_run_config
+    from coati_relay.config.build import build_run_config
     from coati_relay.training import plugins
 
     monkeypatch.setattr(plugins, "_cuda_available", lambda: True)
@@ -138,7 +138,7 @@ def test_an_optimizer_step_syncs_with_the_host_as_often_whatever_its_micro_batch
 def worker_rows(worker, rollout):
     """The `StepRows` of a whole rollout as `train_round` makes them (advantages of zeros: the reads are counted,
     not the update)."""
-    from coati_relay.consumer import StepRows
+    from coati_relay.roles.consumer import StepRows
 
     n, r = rollout.num_sequences, rollout.response_ids.size(1)
     mask = rollout.response_mask.float()

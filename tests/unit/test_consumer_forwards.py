@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from train_round_helpers import BigramLM, make_config, make_rollout
 
-from coati_relay.consumer import ConsumerWorker
+from coati_relay.roles.consumer import ConsumerWorker
 
 PROMPTS = [[3, 4, 5], [6], [7, 8], [9, 10]]
 RESPONSES = [[1, 2, 3], [4], [5, 6], [7, 8, 9, 10], [2, 2], [3, 11, 4], [5], [6, 7, 8]]

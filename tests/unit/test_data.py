@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from coati_relay.data import PromptSampler, load_prompts
+from coati_relay.prompts import PromptSampler, load_prompts
 from coati_relay.toy import toy_prompt_text, write_toy_dataset
 
 

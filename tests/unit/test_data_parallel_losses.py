@@ -10,7 +10,7 @@ import torch
 from gloo_ranks import run_ranks
 from train_round_helpers import BigramLM, make_config, make_rollout, record_steps
 
-from coati_relay.consumer import ConsumerWorker
+from coati_relay.roles.consumer import ConsumerWorker
 from coati_relay.rollout import Rollout
 
 pytestmark = pytest.mark.slow

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from coati_relay.environ import restore_environ
+from coati_relay.cluster.environ import restore_environ
 
 
 def test_added_removed_and_changed_variables_are_put_back(monkeypatch):

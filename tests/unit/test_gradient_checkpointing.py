@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coati_relay.config import ConfigError, build_run_config
+from coati_relay.config.build import ConfigError, build_run_config
 from coati_relay.training.booster_backend import load_causal_lm
 
 
@@ -54,7 +54,7 @@ def test_the_setting_is_a_bool_checked_before_anything_starts(tiny_model_path, t
 
 @pytest.mark.slow
 def test_the_consumer_trains_a_checkpointed_policy_without_shared_prompts(tiny_model_path, tmp_path):
-    from coati_relay.consumer import ConsumerWorker
+    from coati_relay.roles.consumer import ConsumerWorker
 
     cfg = _config(tiny_model_path, tmp_path, gradient_checkpointing=True)
     assert cfg.models.gradient_checkpointing is True

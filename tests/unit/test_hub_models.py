@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from small_run import small_run_kwargs
 
-from coati_relay.config import ConfigError, build_run_config
-from coati_relay.hub import is_hub_id
+from coati_relay.config.build import ConfigError, build_run_config
+from coati_relay.config.hub import is_hub_id
 from coati_relay.toy import cache_as_hub_model
 
 REPO = "toy-org/tiny-qwen"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coati_relay.config import ConfigError, build_run_config
+from coati_relay.config.build import ConfigError, build_run_config
 from coati_relay.toy import write_toy_dataset
 
 
@@ -309,7 +309,7 @@ def test_transformers_allow_list_matches_the_backend():
     passes itself are refused."""
     import inspect
 
-    from coati_relay.config_inference import REFUSED_KEYS, TRANSFORMERS_KEYS
+    from coati_relay.config.inference import REFUSED_KEYS, TRANSFORMERS_KEYS
     from coati_relay.inference.transformers_backend import TransformersBackend
 
     params = set(inspect.signature(TransformersBackend.__init__).parameters)
@@ -319,7 +319,7 @@ def test_transformers_allow_list_matches_the_backend():
 
 
 def test_colossalchat_keys_without_effect_warn_once(files, caplog):
-    import coati_relay.config_keys as ck
+    import coati_relay.config.keys as ck
 
     ck._WARNED.clear()
     over = dict(grpo_config={"lr": 1e-3, "dynamic_batching": True, "skip_threshold": 20.0},
@@ -327,7 +327,7 @@ def test_colossalchat_keys_without_effect_warn_once(files, caplog):
                 generate_config={"max_new_tokens": 8, "do_sample": True},
                 train_model_config={"path": files["model"], "use_flash_attention_2": True},
                 inference_model_config={"path": files["model"], "use_flash_attention_2": True})
-    with caplog.at_level("WARNING", logger="coati_relay.config_keys"):
+    with caplog.at_level("WARNING", logger="coati_relay.config.keys"):
         build_run_config(**good(files, **over))
         build_run_config(**good(files, **over))
     lines = [r.getMessage() for r in caplog.records]
@@ -339,7 +339,7 @@ def test_colossalchat_keys_without_effect_warn_once(files, caplog):
 
 
 def test_a_fixed_sampling_seed_warns_that_rounds_draw_the_same_numbers(files, caplog):
-    with caplog.at_level("WARNING", logger="coati_relay.config_sampling"):
+    with caplog.at_level("WARNING", logger="coati_relay.config.sampling"):
         build_run_config(**good(files, seed=3))
         assert not caplog.records
         cfg = build_run_config(**good(files, generate_config={"max_new_tokens": 8, "seed": 3}))

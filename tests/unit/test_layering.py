@@ -1,4 +1,5 @@
-"""DESIGN's one-way layering, checked on the source: the engine never imports the legacy layer, and the legacy runtime
+"""DESIGN's one-way layering, checked on the source: the engine never imports the legacy layer, compat enters the
+engine only through `coati_relay` and `coati_relay.parts`, and the legacy runtime
 never imports the tools that sit on top of it (they observe through `coati_compat.observers` and entry points)."""
 from __future__ import annotations
 
@@ -38,6 +39,37 @@ def test_the_engine_never_imports_the_legacy_layer():
 def test_the_legacy_runtime_never_imports_the_tools():
     assert all(list(root.rglob("*.py")) for root in LEGACY_RUNTIME)
     assert offending(LEGACY_RUNTIME, TOOLS) == []
+
+
+COMPAT = ROOT / "compat" / "coati_compat"
+ENGINE_DOORS = ("coati_relay", "coati_relay.parts")
+
+
+def deep_engine_imports(root: Path) -> list:
+    """Imports under ``root`` of any engine module other than its two doors."""
+    return [f"{path.relative_to(root)}:{line} imports {module}"
+            for path in sorted(root.rglob("*.py"))
+            for line, module in imported_modules(path)
+            if module.startswith("coati_relay") and module not in ENGINE_DOORS]
+
+
+def test_compat_reaches_the_engine_only_through_its_two_doors():
+    assert list(COMPAT.rglob("*.py")), "the legacy package's sources were not found"
+    assert deep_engine_imports(COMPAT) == []
+
+
+def test_a_planted_deep_import_is_refused(tmp_path):
+    (tmp_path / "ok.py").write_text("from coati_relay import launch_distributed\nfrom coati_relay.parts import kl_k3\n")
+    (tmp_path / "deep.py").write_text("def f():\n    from coati_relay.training.plugins import PLUGINS\n")
+    assert deep_engine_imports(tmp_path) == ["deep.py:2 imports coati_relay.training.plugins"]
+
+
+def test_every_published_part_resolves():
+    from coati_relay import parts
+
+    assert parts.__all__ and all(getattr(parts, name) is not None for name in parts.__all__)
+    with pytest.raises(AttributeError, match="the published parts are"):
+        parts.no_such_part  # noqa: B018
 
 
 def test_the_check_sees_function_level_imports(tmp_path):

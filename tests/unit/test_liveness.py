@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from coati_relay.liveness import LivenessProbe, NoProducersError, ProducerRoster
+from coati_relay.cluster.liveness import LivenessProbe, NoProducersError, ProducerRoster
 
 DEADLINE_S = 15.0
 

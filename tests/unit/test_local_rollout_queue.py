@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from coati_relay.rollout_queue import LocalRolloutQueue, QueueClosed, QueueEntry
+from coati_relay.exchange.queue import LocalRolloutQueue, QueueClosed, QueueEntry
 
 
 def _entry(k: int, version: int = 0) -> QueueEntry:

@@ -1,4 +1,4 @@
-"""`coati_relay.logprobs.chosen_logprobs`, the blocked log-softmax of the chosen tokens: the same values and
+"""`coati_relay.roles.logprobs.chosen_logprobs`, the blocked log-softmax of the chosen tokens: the same values and
 gradients as the one-shot ``log_softmax(logits).gather(targets)``, for every way of cutting the vocabulary rows into
 blocks, and through `response_logprobs` on a real model."""
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coati_relay import logprobs as logprobs_module
-from coati_relay.logprobs import chosen_logprobs, response_logprobs
+from coati_relay.roles import logprobs as logprobs_module
+from coati_relay.roles.logprobs import chosen_logprobs, response_logprobs
 
 
 def _one_shot(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:

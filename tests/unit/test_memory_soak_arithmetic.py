@@ -1,4 +1,5 @@
-"""The soak's arithmetic and bookkeeping (`coati_relay.memory_soak`), without a run: the slope over the last 80% of
+"""The soak's arithmetic and bookkeeping (`coati_relay.observe.memory_soak`), without a run: the slope over the last
+80% of
 the rounds, the role of each process title, and the sampler's window (first logged round until the last)."""
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import os
 
 import pytest
 
-from coati_relay.memory_soak import TreeSampler, logged_rounds, role_of, slope_kib_per_round, summarize
+from coati_relay.observe.memory_soak import TreeSampler, logged_rounds, role_of, slope_kib_per_round, summarize
 
 
 def test_slope_is_the_least_squares_slope_after_the_warm_up():
@@ -28,7 +29,7 @@ def test_role_of_reads_the_process_title():
     assert role_of(["/venv/lib/ray/core/src/ray/gcs/gcs_server", "--log_dir=x"], 11, 10) == "gcs_server"
     assert role_of(["/venv/lib/ray/core/src/ray/raylet/raylet", "--x"], 11, 10) == "raylet"
     assert role_of(["ray::IDLE"], 11, 10) == "ray_other"
-    assert role_of(["python", "-m", "coati_relay.memory_soak"], 10, 10) == "driver"
+    assert role_of(["python", "-m", "coati_relay.observe.memory_soak"], 10, 10) == "driver"
 
 
 def test_sampler_samples_from_the_first_logged_round_until_the_last(tmp_path):
@@ -48,7 +49,7 @@ def test_sampler_samples_from_the_first_logged_round_until_the_last(tmp_path):
 def test_trim_heap_returns_freed_memory_on_glibc():
     import platform
 
-    from coati_relay.heap import trim_heap
+    from coati_relay.cluster.heap import trim_heap
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("malloc_trim is glibc's")

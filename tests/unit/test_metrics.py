@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from coati_relay.metrics import MetricsLogger, ProgressBar, read_metrics, run_summary, summary_table
-from coati_relay.plotting import plot_run
+from coati_relay.observe.metrics import MetricsLogger, ProgressBar, read_metrics, run_summary, summary_table
+from coati_relay.observe.plotting import plot_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -63,7 +63,7 @@ def test_resumed_logger_drops_the_steps_its_checkpoint_does_not_hold(tmp_path, c
         first.log(step, {"reward": float(step)})
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"step": 6, "rew')  # killed while writing step 6
-    with caplog.at_level(logging.WARNING, logger="coati_relay.metrics"):
+    with caplog.at_level(logging.WARNING, logger="coati_relay.observe.metrics"):
         resumed = MetricsLogger(tmp_path, drop_after=4)
     assert "dropping 2 record(s) after step 4" in caplog.text
     assert [r["step"] for r in resumed.history] == [1, 2, 3, 4]
@@ -103,13 +103,13 @@ def test_read_metrics_errors(tmp_path, caplog):
 
 
 def test_progress_bar_logs_when_not_a_tty(caplog):
-    caplog.set_level(logging.INFO, logger="coati_relay.metrics")
+    caplog.set_level(logging.INFO, logger="coati_relay.observe.metrics")
     bar = ProgressBar(total_steps=7, desc="grpo", log_every=3, file=io.StringIO())
     assert bar.mode == "log"
     for step in range(7):
         bar.update(step, {"reward": 0.12345, "samples_per_s": 42.0})
     bar.close()
-    lines = [r.getMessage() for r in caplog.records if r.name == "coati_relay.metrics"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "coati_relay.observe.metrics"]
     assert lines == [f"grpo: step {k}/7 reward=0.123 samples/s=42.000" for k in (3, 6, 7)]
 
 
@@ -178,7 +178,7 @@ def test_plot_one_run(tmp_path):
 
 
 def test_plot_overlays_runs_and_skips_missing_keys(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="coati_relay.plotting")
+    caplog.set_level(logging.INFO, logger="coati_relay.observe.plotting")
     _fill(tmp_path / "old", loss=False)
     _fill(tmp_path / "new", reward_offset=0.3)
     one_key = plot_run([tmp_path / "old", tmp_path / "new"], tmp_path / "cmp" / "both.png",

@@ -1,4 +1,5 @@
-"""coati_relay.placement: bundles sized from the run, and requests the cluster cannot hold refused before any actor
+"""coati_relay.cluster.placement: bundles sized from the run, and requests the cluster cannot hold refused before any
+actor
 starts, with the role, the request and what each node has."""
 from __future__ import annotations
 
@@ -6,7 +7,13 @@ import time
 
 import pytest
 
-from coati_relay.placement import PlacementError, RoleRequest, autoscaler_configured, check_satisfiable, role_requests
+from coati_relay.cluster.placement import (
+    PlacementError,
+    RoleRequest,
+    autoscaler_configured,
+    check_satisfiable,
+    role_requests,
+)
 
 
 def node(ip, **resources):
@@ -77,7 +84,7 @@ def test_unschedulable_run_fails_in_seconds_naming_the_role(ray_cluster, tiny_mo
 
 
 def test_service_actors_go_to_the_head_node(ray_cluster):
-    from coati_relay.placement import node_id, on_head_node
+    from coati_relay.cluster.placement import node_id, on_head_node
 
     strategy = on_head_node()["scheduling_strategy"]
     assert strategy.node_id == node_id(), "the one node of the test cluster is its head"
@@ -89,7 +96,7 @@ def test_with_an_autoscaler_a_shortfall_warns_and_waits(caplog):
     gpu = [RoleRequest("consumer-0", {"CPU": 1.0, "GPU": 1.0})]
     with pytest.raises(PlacementError, match="This cluster has no autoscaler to add such a node"):
         check_satisfiable(gpu, nodes, "PACK", autoscaler=False)
-    with caplog.at_level("WARNING", logger="coati_relay.placement"):
+    with caplog.at_level("WARNING", logger="coati_relay.cluster.placement"):
         check_satisfiable(gpu, nodes, "PACK", autoscaler=True)
     assert "consumer-0 asks for {'CPU': 1.0, 'GPU': 1.0}" in caplog.text and "autoscaler may add" in caplog.text
 
@@ -99,8 +106,7 @@ def test_autoscaler_detection_reads_the_monitor_status(ray_cluster, monkeypatch)
 
     from ray.experimental import internal_kv
 
-    from coati_relay import placement
-
+    from coati_relay.cluster import placement
     assert placement.autoscaler_configured() in (False, None), "a local ray.init cluster has no node provider"
 
     def status(mapping):
@@ -116,7 +122,7 @@ def test_autoscaler_detection_reads_the_monitor_status(ray_cluster, monkeypatch)
 def test_an_actor_placed_without_a_gpu_is_given_no_cuda_device():
     """Ray 2.60 leaves a ``num_gpus=0`` actor the node's CUDA_VISIBLE_DEVICES: the options hide the GPUs from it, so
     a run placed on CPU (fewer GPUs than roles) does not put every role on ``cuda:0``."""
-    from coati_relay.placement import actor_options
+    from coati_relay.cluster.placement import actor_options
 
     cpu_opts = actor_options(None, 0, RoleRequest("consumer-0", {"CPU": 0.5}), cpu_env={"OMP_NUM_THREADS": "1"})
     assert cpu_opts["num_gpus"] == 0
@@ -129,7 +135,7 @@ def test_an_actor_placed_without_a_gpu_is_given_no_cuda_device():
 def test_a_cpu_placed_actor_sees_no_cuda_device_in_its_process(ray_cluster):
     from ray.util.placement_group import remove_placement_group
 
-    from coati_relay.placement import actor_options, reserve
+    from coati_relay.cluster.placement import actor_options, reserve
 
     @ray_cluster.remote
     class Probe:
@@ -151,7 +157,7 @@ def test_a_cpu_placed_actor_sees_no_cuda_device_in_its_process(ray_cluster):
 
 
 def test_a_cuda_plugin_with_roles_placed_on_cpu_is_refused_before_any_actor_starts():
-    from coati_relay.placement import check_plugin_placement
+    from coati_relay.cluster.placement import check_plugin_placement
 
     on_cpu = role_requests(2, 2, 1, {"CPU": 8.0, "GPU": 2.0}, {})  # 4 roles, 2 GPUs: every role on CPU
     with pytest.raises(PlacementError, match=r"'zero2' needs CUDA.*allow_cpu_fallback"):

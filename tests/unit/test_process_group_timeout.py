@@ -8,7 +8,7 @@ import pytest
 import torch.distributed as dist
 from train_round_helpers import make_config
 
-from coati_relay.consumer import ConsumerWorker
+from coati_relay.roles.consumer import ConsumerWorker
 
 
 class Joined(Exception):

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from coati_relay.producer import ProducerWorker
+from coati_relay.roles.producer import ProducerWorker
 
 
 class HandsOutOnce:

@@ -1,4 +1,4 @@
-"""`coati_relay.prompt_sharing`: the samples of a group share one forward of their prompt, in training
+"""`coati_relay.roles.prompt_sharing`: the samples of a group share one forward of their prompt, in training
 (`response_logprobs(..., share_prompts=True)`, values and gradients) and in generation (`TransformersBackend`),
 with the numbers of the full forward; and the consumer takes that path for a transformers policy under DDP, where
 two gloo ranks step with the gradient of the full forward."""
@@ -11,8 +11,8 @@ import torch
 from gloo_ranks import run_ranks
 from train_round_helpers import make_config, make_rollout, record_steps
 
-from coati_relay.logprobs import response_logprobs
-from coati_relay.prompt_sharing import prompt_runs, shared_prompt_logits
+from coati_relay.roles.logprobs import response_logprobs
+from coati_relay.roles.prompt_sharing import prompt_runs, shared_prompt_logits
 
 # Three groups of G=3 with left-padded prompts of 4, 2 and 1 real tokens; responses of 1..4 tokens.
 PROMPTS = [[5, 9, 12, 7], [30, 4], [17]]
@@ -93,7 +93,7 @@ def test_generation_with_a_shared_prefill_samples_what_repeated_prompts_do(tiny_
 def test_consumer_shares_prompts_for_a_transformers_policy(tiny_model_path, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from coati_relay.consumer import ConsumerWorker
+    from coati_relay.roles.consumer import ConsumerWorker
     from coati_relay.toy import write_toy_dataset
 
     data = str(write_toy_dataset(tmp_path / "p.jsonl", num_prompts=16))
@@ -141,7 +141,7 @@ def _traced_train_round(worker, batch) -> dict:
 def _rank_main(rank: int, port: int, cfg, model_path: str, batches, out_dir: str) -> None:
     from transformers import AutoModelForCausalLM
 
-    from coati_relay.consumer import ConsumerWorker
+    from coati_relay.roles.consumer import ConsumerWorker
     from coati_relay.training.distributed import init_process_group
 
     torch.set_num_threads(1)
@@ -162,7 +162,7 @@ def test_two_ddp_ranks_sharing_prompts_get_the_gradient_of_the_full_forward(tiny
     group); the gradient each rank steps with equals that of one rank running the full forward on all four groups."""
     from transformers import AutoModelForCausalLM
 
-    from coati_relay.consumer import ConsumerWorker
+    from coati_relay.roles.consumer import ConsumerWorker
     from coati_relay.rollout import Rollout
     from coati_relay.toy import write_toy_dataset
 

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import coati_relay
-from coati_relay.config import build_run_config
-from coati_relay.config_keys import IGNORED_LAUNCH_KEYS
-from coati_relay.launch_keywords import LAUNCH_KEYWORDS
+from coati_relay.config.build import build_run_config
+from coati_relay.config.keys import IGNORED_LAUNCH_KEYS
+from coati_relay.config.launch_keywords import LAUNCH_KEYWORDS
 
 PUBLIC = ("launch_distributed", "launch_zero_bubble", "RunResult", "register_reward", "register_algorithm",
           "build_tiny_model", "ConfigError", "RunFailed", "build_run_config", "write_toy_dataset",
@@ -19,8 +19,8 @@ PUBLIC = ("launch_distributed", "launch_zero_bubble", "RunResult", "register_rew
 def test_public_names_import_and_are_listed():
     from coati_relay import RunResult, build_tiny_model, launch_zero_bubble, register_reward
     from coati_relay.algorithms import register
+    from coati_relay.observe.run_result import RunResult as result_class
     from coati_relay.rewards import register_reward as registry_register_reward
-    from coati_relay.run_result import RunResult as result_class
     from coati_relay.toy import build_tiny_model as toy_builder
 
     assert (RunResult, build_tiny_model, register_reward) == (result_class, toy_builder, registry_register_reward)

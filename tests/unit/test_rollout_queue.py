@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from coati_relay.metrics import ReportLog
-from coati_relay.rollout_queue import QueueClosed, QueueEntry, RolloutQueueState, make_rollout_queue
-from coati_relay.task_board import TaskBoard
+from coati_relay.exchange.queue import QueueClosed, QueueEntry, RolloutQueueState, make_rollout_queue
+from coati_relay.exchange.task_board import TaskBoard
+from coati_relay.observe.metrics import ReportLog
 
 
 def _conserved(c):
@@ -163,8 +163,7 @@ def test_consumer_replaces_a_rollout_that_died_with_its_producer(ray_cluster, mo
     ``fetch_or_none`` answering None for it): its task goes back on the board and the next entry replaces it."""
     from types import SimpleNamespace
 
-    from coati_relay import consumer
-
+    from coati_relay.roles import consumer
     ray = ray_cluster
     q = make_rollout_queue(total_tasks=3)
     refs = {value: ray.put(value) for value in ("lost", "kept", "next")}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coati_relay.colocated import colocated_engine_kwargs, training_reserve_bytes
+from coati_relay.roles.colocated import colocated_engine_kwargs, training_reserve_bytes
 from coati_relay.training.step_memory import step_state_bytes, trainable_parameters
 
 GB = 10 ** 9

@@ -1,4 +1,4 @@
-"""`coati_relay.trackers`: ``report_to`` checks, the fail-safe front over the trackers, and the metrics logger
+"""`coati_relay.observe.trackers`: ``report_to`` checks, the fail-safe front over the trackers, and the metrics logger
 feeding them every step."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from coati_relay.metrics import MetricsLogger
-from coati_relay.trackers import Trackers, check_report_to, open_trackers, plain
+from coati_relay.observe.metrics import MetricsLogger
+from coati_relay.observe.trackers import Trackers, check_report_to, open_trackers, plain
 
 
 class Recorder:
@@ -59,7 +59,7 @@ def test_bad_report_to_names_the_allowed_values(given, words):
 def test_a_failing_tracker_warns_once_and_is_switched_off(caplog):
     good, bad = Recorder("good"), Recorder("bad", fail_at=2)
     trackers = Trackers([bad, good])
-    with caplog.at_level(logging.WARNING, logger="coati_relay.trackers"):
+    with caplog.at_level(logging.WARNING, logger="coati_relay.observe.trackers"):
         for step in (1, 2, 3, 4):
             trackers.log(step, {"reward": float(step)})
         trackers.close()
@@ -88,7 +88,7 @@ def test_metrics_logger_feeds_every_metric_at_its_step_and_keeps_the_file_when_a
 
 def test_a_tracker_that_cannot_start_is_left_out_with_the_install_fix(tmp_path, monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "wandb", None)
-    with caplog.at_level(logging.WARNING, logger="coati_relay.trackers"):
+    with caplog.at_level(logging.WARNING, logger="coati_relay.observe.trackers"):
         trackers = open_trackers(["wandb"], tmp_path, "p", {"seed": 1})
     assert not trackers
     message, = [r.getMessage() for r in caplog.records]

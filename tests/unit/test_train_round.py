@@ -16,9 +16,9 @@ from train_round_helpers import (
     record_steps,
 )
 
-from coati_relay import consumer as consumer_module
-from coati_relay.consumer import ConsumerWorker
-from coati_relay.logprobs import response_logprobs
+from coati_relay.roles import consumer as consumer_module
+from coati_relay.roles.consumer import ConsumerWorker
+from coati_relay.roles.logprobs import response_logprobs
 
 PROMPTS = [[3, 4, 5], [6], [7, 8], [9, 10]]
 RESPONSES = [[1, 2, 3], [4], [5, 6], [7, 8, 9, 10], [2, 2], [3, 11, 4], [5], [6, 7, 8]]
@@ -70,9 +70,9 @@ def test_reward_model_moves_the_producers_sequences_to_its_device(monkeypatch):
     reward model's device; without that move the reward model refuses the input."""
     from types import SimpleNamespace
 
-    from coati_relay.producer import ProducerWorker
     from coati_relay.rewards import RewardModelScorer
     from coati_relay.rewards import reward_model as reward_model_module
+    from coati_relay.roles.producer import ProducerWorker
 
     rollout = off_device(make_rollout(PROMPTS[:2], RESPONSES[:4], 2, [0.0] * 4))
     producer = ProducerWorker(0, SimpleNamespace(), queue=None, weight_store=None)

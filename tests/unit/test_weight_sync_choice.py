@@ -10,9 +10,9 @@ import ray
 import torch
 from train_round_helpers import BigramLM, make_config
 
-from coati_relay import weight_sync_collective as wsc
-from coati_relay.consumer import ConsumerWorker
-from coati_relay.weight_sync import flatten_state_dict
+from coati_relay.exchange import weight_sync_collective as wsc
+from coati_relay.exchange.weight_sync import flatten_state_dict
+from coati_relay.roles.consumer import ConsumerWorker
 
 
 @pytest.mark.parametrize("devices, nccl, expected", [

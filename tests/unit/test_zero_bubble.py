@@ -6,7 +6,7 @@ import logging
 import pytest
 from small_run import small_run_kwargs
 
-from coati_relay.config import ConfigError
+from coati_relay.config.build import ConfigError
 from coati_relay.zero_bubble import versions_ahead, zero_bubble_config
 
 

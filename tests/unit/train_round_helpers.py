@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from coati_relay.logprobs import response_logprobs
+from coati_relay.roles.logprobs import response_logprobs
 from coati_relay.rollout import Rollout
 
 VOCAB = 12
@@ -48,7 +48,8 @@ class OffDevice(torch.Tensor):
 
     An operation mixing an `OffDevice` tensor with a plain one (both with dimensions; parameters are plain) raises
     as CUDA does, so a model given an `OffDevice` input fails in its first layer, and so does a loss mixing its
-    output with an unmoved tensor. ``.to(device)`` (what `coati_relay.devices.to_device` does) gives a plain tensor:
+    output with an unmoved tensor. ``.to(device)`` (what `coati_relay.cluster.devices.to_device` does) gives a plain
+    tensor:
     "moved to the models' device". Scalars mix freely, as CPU scalars do with CUDA tensors.
     """
 
@@ -111,7 +112,7 @@ def make_config(model_path: str, data_path: str, core_algo: str = "GRPO", consum
                 train_batch_size: int = 2, microbatch: Optional[int] = None, group_size: int = 2,
                 generate: Optional[Dict] = None, **grpo):
     """A checked `RunConfig` for one producer (8 prompts a round) and ``consumers`` consumers on the ddp plugin."""
-    from coati_relay.config import build_run_config
+    from coati_relay.config.build import build_run_config
 
     grpo_config = {"lr": 1e-2, **grpo}
     if microbatch is not None:

@@ -1,7 +1,7 @@
 """The advantage estimators a run dispatches to by ``core_algo``, registered under kind ``"advantage"``.
 
 Each has the one signature of its kind, ``fn(inputs: AdvantageInputs, params) -> Advantages``, where ``params`` is
-the run's algorithm settings (`coati_relay.config_algorithm.AlgorithmConfig`: attributes ``beta``, ``kl_coef``,
+the run's algorithm settings (`coati_relay.config.algorithm.AlgorithmConfig`: attributes ``beta``, ``kl_coef``,
 ``gamma``, ``lam``, ``normalize_advantages``, ...). Shapes: N sequences (prompt-major, G per prompt), R response
 tokens.
 

@@ -21,10 +21,10 @@ Kinds and the one signature each kind's functions have:
 - ``kl``: ``fn(logp, ref_logp) -> per-token KL`` ([B,T] each; k1, k2, k3 built in).
 
 A run names its functions in ``grpo_config``: ``core_algo`` the advantage estimator, ``policy_loss``,
-``value_loss`` and ``kl_estimator`` the others (`coati_relay.config_algorithm`); the learner looks them up here
-where it uses them (`coati_relay.consumer_step`). Adding one is one registered function (``@register("advantage",
+``value_loss`` and ``kl_estimator`` the others (`coati_relay.config.algorithm`); the learner looks them up here
+where it uses them (`coati_relay.roles.learner`). Adding one is one registered function (``@register("advantage",
 "name", spec=...)``, ``@register("policy_loss", "name")``, ...) and its test; a user's travels to the actors by value
-(`coati_relay.user_code`).
+(`coati_relay.config.user_code`).
 """
 from __future__ import annotations
 

@@ -1,13 +1,14 @@
 """`InferenceBackend` on a transformers causal LM: the fallback where vLLM is missing or lacks the model.
 
-Generation is the prefill of each distinct prompt once (`coati_relay.prompt_sharing`), then
+Generation is the prefill of each distinct prompt once (`coati_relay.roles.prompt_sharing`), then
 `coati_relay.inference.decode_loop`: one forward per token over a preallocated cache, finished rows leaving the batch.
 It samples as transformers' ``generate`` does (same processors, same draws while every row is in the batch).
 
 Behaviour log-probs are those of the distribution actually sampled from: the logits after the temperature, top-k
 and top-p processors, each sampled token getting its ``log_softmax``. With top-k/top-p that is the renormalised
 truncated distribution (tokens outside it have probability 0), as vLLM reports in ``processed_logprobs`` mode;
-recomputing with `coati_relay.logprobs.response_logprobs` (which applies temperature only) matches exactly when top-k
+recomputing with `coati_relay.roles.logprobs.response_logprobs` (which applies temperature only) matches exactly when
+top-k
 and top-p are off. Greedy decoding (temperature 0) reports the log-probs of the untempered distribution.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Dict, Optional, Sequence
 
 import torch
 
-from coati_relay.devices import resolve_device, to_device, to_host
+from coati_relay.cluster.devices import resolve_device, to_device, to_host
 from coati_relay.inference.base import SamplingConfig
 from coati_relay.inference.rollout_building import (
     SeedSequence,
@@ -30,7 +31,7 @@ from coati_relay.inference.rollout_building import (
     special_token_ids,
     stop_token_ids,
 )
-from coati_relay.prompt_sharing import prefill_shared
+from coati_relay.roles.prompt_sharing import prefill_shared
 from coati_relay.rollout import Rollout
 
 logger = logging.getLogger(__name__)
@@ -122,7 +123,8 @@ class TransformersBackend:
 
     def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, capacity: int):
         """The preallocated cache (``capacity`` positions) of every prompt column but the last, each distinct prompt
-        computed once and repeated to its rows (`coati_relay.prompt_sharing`): the prefill costs P instead of n * P
+        computed once and repeated to its rows (`coati_relay.roles.prompt_sharing`): the prefill costs P instead of n *
+        P
         token-forwards a prompt. ids, mask: [B, P] distinct prompts; rows: LongTensor [N], the prompt of each row.
         Empty when P = 1."""
         from coati_relay.inference.decode_loop import preallocated_cache

@@ -3,7 +3,7 @@
 Behaviour log-probs: the engine is started with ``logprobs_mode="processed_logprobs"`` and each request asks for
 ``logprobs=0``, so every sampled token comes with its log-prob under the distribution it was sampled from: after
 temperature, top-k and top-p (vLLM's default ``raw_logprobs`` would report the untempered distribution). With top-k
-and top-p off they equal `coati_relay.logprobs.response_logprobs(..., temperature=T)`; with them on, they are the
+and top-p off they equal `coati_relay.roles.logprobs.response_logprobs(..., temperature=T)`; with them on, they are the
 renormalised truncated distribution. Greedy decoding (temperature 0) reports the untempered distribution.
 
 Weight reload: vLLM >= 0.32 reloads in place through ``collective_rpc("reload_weights", weights_iterator=...)``,
@@ -29,7 +29,7 @@ import torch
 from packaging.version import Version
 from torch.nn.utils.rnn import pad_sequence
 
-from coati_relay.devices import accelerator_device
+from coati_relay.cluster.devices import accelerator_device
 from coati_relay.inference.base import SamplingConfig
 from coati_relay.inference.kv_cache_size import KVCACHE_ENV, run_kv_cache_bytes, without_kvcache_env
 from coati_relay.inference.module_checkpoint import write_module_checkpoint

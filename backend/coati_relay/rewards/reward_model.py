@@ -9,7 +9,7 @@ from typing import List, Optional, Union
 import torch
 from torch import nn
 
-from coati_relay.devices import resolve_device, to_device, to_host
+from coati_relay.cluster.devices import resolve_device, to_device, to_host
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from coati_relay.devices import accelerator_device
+from coati_relay.cluster.devices import accelerator_device
 
 from . import checkpoint_files
 from .distributed import ensure_single_process_group
@@ -215,7 +215,7 @@ class TrainingBackend:
             self.gemini_guard = GeminiStepGuard(self.model, options, name)
         # Keyword arguments of a transformers causal LM reach it through the wrappers (their forward takes
         # **kwargs), but for hybrid's, whose sharded forward is its own. A prompt cache shared over two forwards
-        # (`coati_relay.prompt_sharing`) only under torch DDP, where the module's parameters stay in place between
+        # (`coati_relay.roles.prompt_sharing`) only under torch DDP, where the module's parameters stay in place between
         # forwards, and without gradient checkpointing.
         self.causal_lm = _is_transformers_model(model) and self.plugin_name != "hybrid"
         self.shares_prompts = self.causal_lm and (self.booster is None or self.plugin_name == "ddp") \
@@ -250,7 +250,7 @@ class TrainingBackend:
     @property
     def device(self) -> torch.device:
         """Where the inputs of `model` must live: the accelerator where the host has one, else the CPU (see
-        `coati_relay.devices`). Under Gemini, weights offloaded to the CPU still take their inputs there."""
+        `coati_relay.cluster.devices`). Under Gemini, weights offloaded to the CPU still take their inputs there."""
         return self._device
 
     def backward(self, loss: torch.Tensor, batch: Any = None, loss_name: Optional[str] = None) -> None:

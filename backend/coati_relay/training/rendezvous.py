@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterable, Optional
 
 import torch.distributed as dist
 
-from coati_relay.liveness import LivenessProbe
+from coati_relay.cluster.liveness import LivenessProbe
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from coati_compat.compare.verdicts import least_squares_slope
-from coati_relay.metrics import read_metrics
+from coati_relay.parts import read_metrics
 
 logger = logging.getLogger(__name__)
 

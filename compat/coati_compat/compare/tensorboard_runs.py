@@ -40,7 +40,7 @@ def _numbers(row: Dict[str, Any]) -> Dict[str, float]:
 def write_runs(comparison: Dict[str, Any], directory: Path) -> List[Path]:
     """Writes each side's rows as a TensorBoard run under ``directory`` (an earlier report's run of the same name is
     replaced, so that its steps do not mix in); returns the runs' directories."""
-    from coati_relay.trackers import TensorBoardTracker
+    from coati_relay.parts import TensorBoardTracker
 
     written = []
     for name, rows in side_runs(comparison):

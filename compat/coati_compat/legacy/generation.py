@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from coati_compat.deprecations import deprecated_api
-from coati_relay.rollout import response_mask
+from coati_relay.parts import response_mask
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from torch import nn
 
 from coati_compat import legacy_switch
 from coati_compat.deprecations import deprecated_api
-from coati_relay.weight_sync import lora_delta, replace_delta
+from coati_relay.parts import lora_delta, replace_delta
 
 _LORA_KEYS = ("lora_A", "lora_B")
 _BASE_ATTR = "_coati_lora_base"  # {name: (W0, tensor version after our last write)}, in the model's __dict__

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from coati_compat.deprecations import deprecated_api
-from coati_relay.algorithms import policy_loss, value_loss
+from coati_relay.parts import policy_loss, value_loss
 
 
 @deprecated_api("coati.models.loss.PolicyLoss")

@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from coati_relay.algorithms import kl_k3, masked_mean
+from coati_relay.parts import kl_k3, masked_mean
 
 
 def legacy_kl_shaped_reward(r: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor,

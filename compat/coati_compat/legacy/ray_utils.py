@@ -19,7 +19,7 @@ from coati_compat.deprecations import deprecated_api
 from coati_compat.legacy.model_families import ACTORS, CRITICS, REWARD_MODELS
 from coati_compat.legacy.strategies import DDPStrategy, GeminiStrategy, LowLevelZeroStrategy, NaiveStrategy, Strategy
 from coati_compat.legacy.tables import LEGACY_STRATEGIES
-from coati_relay.training.rendezvous import announce_member
+from coati_relay.parts import announce_member
 
 _DIST_ENV_KEYS = {"rank": "RANK", "local_rank": "LOCAL_RANK", "world_size": "WORLD_SIZE",
                   "master_port": "MASTER_PORT", "master_addr": "MASTER_ADDR"}

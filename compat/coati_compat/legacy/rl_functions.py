@@ -13,7 +13,7 @@ from torch import nn
 
 from coati_compat.deprecations import deprecated_api
 from coati_compat.legacy.ppo_shaping import legacy_kl_shaped_reward, legacy_sequence_kl
-from coati_relay.algorithms import masked_mean as _masked_mean
+from coati_relay.parts import masked_mean as _masked_mean
 
 
 @deprecated_api("coati.models.utils.masked_mean")

@@ -26,14 +26,17 @@ from coati_compat.legacy import strategy_checkpoint as checkpoint
 from coati_compat.legacy.model_base import Actor
 from coati_compat.legacy.replay_buffer import buffer_dataloader
 from coati_compat.legacy.tables import LOSS_SCALE_KEYS, legacy_options, plugin_settings
-from coati_relay.seeding import seed_everything
-from coati_relay.training import checkpoint_files
-from coati_relay.training.backend_set import BackendSet
-from coati_relay.training.booster_backend import TrainingBackend
-from coati_relay.training.distributed import init_process_group_from_env
-from coati_relay.training.gemini_guards import refusal, releases_parameters
-from coati_relay.training.plugins import resolve_plugin
-from coati_relay.training.state_dict_shards import state_dict_shards
+from coati_relay.parts import (
+    BackendSet,
+    TrainingBackend,
+    checkpoint_files,
+    init_process_group_from_env,
+    refusal,
+    releases_parameters,
+    resolve_plugin,
+    seed_everything,
+    state_dict_shards,
+)
 
 DIST_TIMEOUT_S = 30 * 60
 _ENV_ADVICE = "pass env_info to the trainer or maker, or call coati.ray.utils.set_dist_env first"

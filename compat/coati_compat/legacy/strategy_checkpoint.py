@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from coati_compat import legacy_switch
-from coati_relay.training.checkpoint_files import save_file
+from coati_relay.parts import save_file
 
 __all__ = ["load_form", "model_save_form", "optimizer_save_form", "save_file"]
 

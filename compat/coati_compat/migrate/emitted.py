@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from coati_compat.legacy.tables import LEGACY_STRATEGIES, plugin_config
-from coati_relay.training.plugins import PLUGINS
+from coati_relay.parts import PLUGINS
 
 # colossalai 0.5's constructor defaults of the options the legacy strategies set (a test checks them against the
 # installed colossalai): what a plugin_config that leaves such an option out trains with.

@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 import torch
 
-from coati_relay.devices import accelerator_device
+from coati_relay.parts import accelerator_device
 
 logger = logging.getLogger(__name__)
 

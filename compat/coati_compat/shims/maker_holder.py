@@ -39,8 +39,7 @@ from coati_compat.shims.remote import (
     in_ray_actor,
     legacy_actor_class,
 )
-from coati_relay.liveness import LivenessProbe
-from coati_relay.waiting import get_within
+from coati_relay.parts import LivenessProbe, get_within
 
 logger = logging.getLogger(__name__)
 

@@ -19,12 +19,18 @@ from torch import nn
 
 from coati_compat.legacy.generation import check_generate_args
 from coati_compat.legacy.model_base import generated_masks
-from coati_relay.devices import accelerator_device
-from coati_relay.inference import SamplingConfig, build_backend_on_module, resolve_backend_name
-from coati_relay.inference.gpu_share import NoRoomForEngine, parameter_bytes, shared_gpu_engine_kwargs
-from coati_relay.inference.kv_cache_size import kv_bytes_per_token
-from coati_relay.inference.module_checkpoint import module_weights
-from coati_relay.inference.vllm_backend import DEFAULT_MAX_MODEL_LEN
+from coati_relay.parts import (
+    DEFAULT_MAX_MODEL_LEN,
+    NoRoomForEngine,
+    SamplingConfig,
+    accelerator_device,
+    build_backend_on_module,
+    kv_bytes_per_token,
+    module_weights,
+    parameter_bytes,
+    resolve_backend_name,
+    shared_gpu_engine_kwargs,
+)
 
 SAMPLERS, SAMPLER_ENV = ("auto", "vllm", "transformers", "legacy"), "COATI_RELAY_MAKER_SAMPLER"
 # Share of the memory free beside the maker's models that its vLLM engine takes; the rest: the experience step's

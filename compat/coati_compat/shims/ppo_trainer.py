@@ -11,7 +11,7 @@ its step with `coati_relay.training.finite_checks.NonFiniteTrainingError`). Weig
 with the chunked ``update_experience_maker`` protocol: actor keys are Hugging Face model keys, critic keys
 ``Critic`` keys; after training only the trainable tensors (with ``update_lora_weights``, only
 ``lora_A``/``lora_B``) go out, cast to fp16. Each shard goes into the object store once for all makers, packed as
-the engine's flat buffers (`coati_relay.weight_sync.PackedStateDict`, a read-only mapping of the same tensors).
+the engine's flat buffers (`coati_relay.exchange.weight_sync.PackedStateDict`, a read-only mapping of the same tensors).
 
 Non-legacy keywords: ``actor_lr`` and ``critic_lr`` set the learning rates (default: the legacy 1e-7);
 ``rpc_timeout_s`` bounds each step of a weight push. ``DetachedPPOTrainer`` is the Ray actor class.
@@ -32,9 +32,7 @@ from coati_compat.legacy.ray_utils import get_model_numel, set_dist_env, state_d
 from coati_compat.legacy.tables import LEGACY_LR
 from coati_compat.shims.remote import build_strategy, legacy_actor_class
 from coati_compat.shims.trainer_base import TRAINER_CONCURRENCY_GROUPS, DetachedTrainer, check_count
-from coati_relay.training.plugins import build_optimizer
-from coati_relay.waiting import get_within
-from coati_relay.weight_sync import put_packed
+from coati_relay.parts import build_optimizer, get_within, put_packed
 
 logger = logging.getLogger(__name__)
 

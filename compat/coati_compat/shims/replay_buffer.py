@@ -6,7 +6,7 @@ batch; the leftover items of a partial batch wait in ``batch_collector`` for lat
 
 Storage: the engine's `LocalRolloutQueue` in the trainer's process. Experience enters the object store once, as the
 arguments of the makers' ``buffer_extend`` calls: no queue actor, no second ``ray.put``. Makers' liveness: the
-engine's `coati_relay.liveness.ProducerRoster`.
+engine's `coati_relay.cluster.liveness.ProducerRoster`.
 
 Deviations (migration_guide/deviations.md): ``limit`` throttles the makers (``extend`` waits for room, and the makers
 wait for ``extend``) while a fit may still consume; after a fit ends the buffer stops throttling, so makers that
@@ -24,8 +24,7 @@ import torch
 
 from coati_compat.deprecations import deprecated_api
 from coati_compat.legacy.experience import BufferItem, Experience, make_experience_batch, split_experience_batch
-from coati_relay.liveness import NoProducersError, ProducerRoster  # noqa: F401 (sample() raises it)
-from coati_relay.rollout_queue import LocalRolloutQueue, QueueEntry
+from coati_relay.parts import LocalRolloutQueue, NoProducersError, ProducerRoster, QueueEntry  # noqa: F401 (sample() raises it)
 
 logger = logging.getLogger(__name__)
 

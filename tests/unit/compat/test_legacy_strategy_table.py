@@ -11,7 +11,7 @@ import torch
 from coati_compat.legacy import strategies
 from coati_compat.legacy.tables import LEGACY_STRATEGIES, STRATEGY_DEFAULTS, plugin_config
 from coati_compat.migrate import migrate_source
-from coati_relay.config import _plugin
+from coati_relay.config.build import _plugin
 from coati_relay.training import plugins
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -84,7 +84,7 @@ def test_a_legacy_script_on_a_gpu_host_makes_the_engines_choices(gpu_host, name,
 
     from coati_compat.shims.device_redirect import compute_device
     from coati_compat.shims.ppo_trainer import _legacy_adam
-    from coati_relay.devices import accelerator_device
+    from coati_relay.cluster.devices import accelerator_device
 
     strategy = get_strategy_from_args(name)
     legacy_plugin = (strategy.plugin_name or "ddp", strategy.plugin_options)

@@ -12,11 +12,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from coati_relay.devices import accelerator_device
-from coati_relay.heap import trim_heap
-from coati_relay.placement import node_id
+from coati_relay.cluster.devices import accelerator_device
+from coati_relay.cluster.heap import trim_heap
+from coati_relay.cluster.placement import node_id
+from coati_relay.config.schema import RunConfig
 from coati_relay.rollout import Rollout
-from coati_relay.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ _POLL_S = 2.0  # how often a producer waiting for weights looks for tasks a dead
 
 class ProducerWorker:
     """One producer, run as a Ray actor: its rollouts go to the object store (``ray.put``); the queue and weight
-    store may be actor handles or local objects. In a colocated run (`coati_relay.colocated`) it has neither: the
+    store may be actor handles or local objects. In a colocated run (`coati_relay.roles.colocated`) it has neither: the
     driver calls `setup_colocated` and `make_rollout`."""
 
     def __init__(self, index: int, cfg: RunConfig, queue, weight_store, start_version: int = 0):
@@ -41,7 +41,7 @@ class ProducerWorker:
 
     # -- set-up ----------------------------------------------------------------------------------------------
     def setup(self, weight_addr: str = "", weight_port: int = 0) -> Dict[str, Any]:
-        from coati_relay.weight_sync import WeightSubscriber
+        from coati_relay.exchange.weight_sync import WeightSubscriber
 
         cfg = self.cfg
         t0 = time.perf_counter()
@@ -54,7 +54,7 @@ class ProducerWorker:
 
             base = {k: v.detach().clone() for k, v in load_causal_lm(cfg.models.model_path).state_dict().items()}
         if cfg.roles.weight_sync == "collective":
-            from coati_relay.weight_sync_collective import CollectiveSubscriber
+            from coati_relay.exchange.weight_sync_collective import CollectiveSubscriber
 
             self.subscriber = CollectiveSubscriber(self.store, weight_addr, weight_port, self.index + 1,
                                                    cfg.roles.num_producers + 1, self.start_version,
@@ -69,7 +69,7 @@ class ProducerWorker:
         """Set-up in a colocated run, without a weight subscriber. transformers: generates with ``policy`` (the
         consumer's unwrapped training model) in place, and the caller sets ``backend.weight_version`` as the policy
         trains; vLLM: an engine in this process with its own copy of the checkpoint, which the caller loads each
-        trained version into (`coati_relay.colocated.InProcessPublisher`)."""
+        trained version into (`coati_relay.roles.colocated.InProcessPublisher`)."""
         cfg = self.cfg
         self._load_prompts()
         if cfg.roles.inference_backend == "transformers":
@@ -98,7 +98,7 @@ class ProducerWorker:
     def _load_prompts(self) -> None:
         from transformers import AutoTokenizer
 
-        from coati_relay.data import PromptSampler, load_prompts
+        from coati_relay.prompts import PromptSampler, load_prompts
 
         cfg = self.cfg
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.models.tokenizer_path)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 from coati_relay import algorithms
-from coati_relay.config_keys import check_section_keys, closest
+from coati_relay.config.keys import check_section_keys, closest
 
 
 def _number(v: Any) -> bool:

@@ -36,7 +36,7 @@ LAUNCH_KEYWORDS: Dict[str, Tuple[str, str]] = {
     "grpo_config": (CC, "the algorithm's settings: lr, beta, clip_eps_low/high, loss_variation, "
                         "train_microbatch_size, reward_fn_type or reward_fn (a registered name or a callable), "
                         "policy_loss, value_loss, kl_estimator (registered names) and the other keys of "
-                        "coati_relay.config_algorithm"),
+                        "coati_relay.config.algorithm"),
     "plugin_config": (CC, "the ColossalAI Booster plugin: {'plugin': 'ddp', 'zero2', 'gemini' or 'hybrid', its "
                           "options (tp_size, pp_size, zero_stage, precision, ...), 'max_norm': gradient clipping}"),
     "tokenizer_config": (CC, "{'path': a directory or Hub ID} when the tokenizer is not the inference model's"),

@@ -15,7 +15,7 @@ from typing import Any, Dict, NamedTuple, Optional
 import torch
 
 from coati_relay import algorithms as algos
-from coati_relay.run_config import Batches
+from coati_relay.config.schema import Batches
 from coati_relay.training.distributed import all_reduce_sum
 
 

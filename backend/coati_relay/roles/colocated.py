@@ -26,8 +26,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from coati_relay.environ import restore_environ
-from coati_relay.run_config import RunConfig
+from coati_relay.cluster.environ import restore_environ
+from coati_relay.config.schema import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +101,11 @@ def run_colocated(cfg: RunConfig, start_round: int, hooks: Any = None) -> Any:
 
 def _run(cfg: RunConfig, start_round: int, hooks: Any) -> Any:
     from coati_relay.callbacks import Hooks
-    from coati_relay.consumer import ConsumerWorker
-    from coati_relay.metrics import MetricsLogger, ProgressBar, run_summary
-    from coati_relay.producer import ProducerWorker
-    from coati_relay.run_result import RunResult
-    from coati_relay.trackers import open_run_trackers
+    from coati_relay.observe.metrics import MetricsLogger, ProgressBar, run_summary
+    from coati_relay.observe.run_result import RunResult
+    from coati_relay.observe.trackers import open_run_trackers
+    from coati_relay.roles.consumer import ConsumerWorker
+    from coati_relay.roles.producer import ProducerWorker
 
     hooks = hooks if hooks is not None else Hooks(cfg.callbacks)
     t_start = time.perf_counter()

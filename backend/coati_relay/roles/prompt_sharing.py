@@ -60,7 +60,7 @@ def shared_prompt_logits(model: torch.nn.Module, sequences: torch.Tensor, attent
     of equal adjacent prompts; None when no two adjacent rows share a prompt or the prompt has one column.
 
     sequences, attention_mask: [N, S], left-padded prompts then right-padded responses (``Rollout.sequences``).
-    Position ids count real tokens, as in `coati_relay.logprobs.response_logprobs`.
+    Position ids count real tokens, as in `coati_relay.roles.logprobs.response_logprobs`.
     """
     width = sequences.size(1) - num_response_tokens
     prompts, prompt_mask = sequences[:, :width], attention_mask[:, :width]

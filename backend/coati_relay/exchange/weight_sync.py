@@ -14,7 +14,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from coati_relay.weight_store import PublishedWeights, WeightStoreActor, make_weight_store  # noqa: F401
+from coati_relay.exchange.weight_store import PublishedWeights, WeightStoreActor, make_weight_store  # noqa: F401
 
 FlatMeta = List[Tuple[str, str, Tuple[int, ...], int, int]]  # name, dtype, shape, offset, numel
 

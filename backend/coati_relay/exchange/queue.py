@@ -13,8 +13,9 @@ are dropped, counted, and their tasks made again. Conservation holds at every mo
 its experience as call arguments): its entries hold the payloads themselves, which never enter the object store.
 
 The queue actor hosts three small components: this hand-off (`RolloutQueueState`), the `TaskBoard` producers claim
-their tasks from (`coati_relay.task_board`), and the `ReportLog` of consumer metrics the driver reads
-(`coati_relay.metrics`). They share an actor so that a producer's death drops its entries and requeues their tasks
+their tasks from (`coati_relay.exchange.task_board`), and the `ReportLog` of consumer metrics the driver reads
+(`coati_relay.observe.metrics`). They share an actor so that a producer's death drops its entries and requeues their
+tasks
 at once.
 """
 from __future__ import annotations
@@ -26,10 +27,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
-from coati_relay.metrics import ReportLog
-from coati_relay.placement import SERVICE_ACTOR_OPTIONS, ServiceActor
-from coati_relay.task_board import TaskBoard
-from coati_relay.waiting import wait_until
+from coati_relay.cluster.placement import SERVICE_ACTOR_OPTIONS, ServiceActor
+from coati_relay.cluster.waiting import wait_until
+from coati_relay.exchange.task_board import TaskBoard
+from coati_relay.observe.metrics import ReportLog
 
 
 class QueueClosed(RuntimeError):

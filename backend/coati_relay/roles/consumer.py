@@ -3,7 +3,7 @@
 Several consumers form one data-parallel group (gloo on CPU): each takes its share of a round's queue entries,
 gradients are averaged by the Booster's plugin, every rank gathers the weights and rank 0 publishes them, and all
 ranks write checkpoints together (rank 0 writes the files). Models and batches live on the training device
-(`coati_relay.devices`): a batch is moved there once, on entering `train_round`.
+(`coati_relay.cluster.devices`): a batch is moved there once, on entering `train_round`.
 
 Per round (``P`` prompts on this rank, ``G`` responses each, ``N = P*G`` sequences, ``R`` response tokens): the
 advantages come from the estimator registered under ``core_algo`` (`coati_relay.algorithms.estimators`), fed the
@@ -28,14 +28,14 @@ import torch
 from torch import nn
 
 from coati_relay import algorithms as algos
-from coati_relay.consumer_step import StepRows, micro_batch_rows, optimizer_step
-from coati_relay.devices import to_device
-from coati_relay.heap import trim_heap
-from coati_relay.logprobs import response_logprobs
-from coati_relay.placement import node_id
+from coati_relay.cluster.devices import to_device
+from coati_relay.cluster.heap import trim_heap
+from coati_relay.cluster.placement import node_id
+from coati_relay.config.schema import RunConfig
+from coati_relay.roles.learner import StepRows, micro_batch_rows, optimizer_step
+from coati_relay.roles.logprobs import response_logprobs
+from coati_relay.roles.seeding import seed_everything
 from coati_relay.rollout import Rollout
-from coati_relay.run_config import RunConfig
-from coati_relay.seeding import seed_everything
 from coati_relay.training.distributed import all_reduce_sum
 from coati_relay.training.plugins import precision_dtype, with_accumulation
 
@@ -61,7 +61,7 @@ def fetch_or_none(refs: List[Any], timeout_s: float) -> List[Any]:
 
 class ConsumerWorker:
     """One data-parallel rank, run as a Ray actor: it reads the queue and reports metrics through Ray. In a
-    colocated run (`coati_relay.colocated`) the driver calls `setup_colocated` and `finish_round` instead."""
+    colocated run (`coati_relay.roles.colocated`) the driver calls `setup_colocated` and `finish_round` instead."""
 
     def __init__(self, rank: int, cfg: RunConfig, queue, weight_store):
         self.rank = rank
@@ -108,12 +108,12 @@ class ConsumerWorker:
         self._load()
         if self.rank == 0:
             if cfg.roles.weight_sync == "collective":
-                from coati_relay.weight_sync_collective import CollectivePublisher
+                from coati_relay.exchange.weight_sync_collective import CollectivePublisher
 
                 self.publisher = CollectivePublisher(self.store, self._hosted.pop("weights"),
                                                      cfg.roles.num_producers + 1, cfg.roles.timeout_s)
             else:
-                from coati_relay.weight_sync import WeightPublisher
+                from coati_relay.exchange.weight_sync import WeightPublisher
 
                 self.publisher = WeightPublisher(self.store)
         self._publish(self.round)
@@ -173,7 +173,7 @@ class ConsumerWorker:
         return worker
 
     def _build(self, policy: nn.Module, reference: Optional[nn.Module], critic: Optional[nn.Module]) -> None:
-        """The training backends and the reference model, all on the training device (`coati_relay.devices`)."""
+        """The training backends and the reference model, all on the training device (`coati_relay.cluster.devices`)."""
         from coati_relay.training.booster_backend import TrainingBackend
 
         cfg, a = self.cfg, self.cfg.algo
@@ -216,7 +216,7 @@ class ConsumerWorker:
         """Every rank takes part in gathering the weights (a collective under gemini); rank 0 publishes them."""
         publishing = self.publisher is not None
         if self.cfg.models.lora:
-            from coati_relay.weight_sync import lora_adapters
+            from coati_relay.exchange.weight_sync import lora_adapters
 
             return self.publisher.publish(version, adapters=lora_adapters(self.policy.unwrapped())) \
                 if publishing else {}
@@ -267,7 +267,7 @@ class ConsumerWorker:
                 if ray.get(self.queue.verdict.remote(self.round, timeout), timeout=timeout + 30):
                     return {"rounds": self.round - first, "last_round": self.round,
                             "checkpoint": metrics.get("checkpoint") or self.save(self.round)}
-            if self.round % 20 == 0:  # what the rounds freed leaves the RSS (coati_relay.heap)
+            if self.round % 20 == 0:  # what the rounds freed leaves the RSS (coati_relay.cluster.heap)
                 trim_heap()
         return {"rounds": self.round - first, "last_round": self.round}
 
@@ -349,7 +349,7 @@ class ConsumerWorker:
 
     def _logprobs(self, model, seq, attn, num_resp) -> torch.Tensor:
         """[N, R] log-probs of the policy (``self.policy.model``) or the reference model; the samples of a group
-        share one forward of their prompt where the model allows (`coati_relay.prompt_sharing`)."""
+        share one forward of their prompt where the model allows (`coati_relay.roles.prompt_sharing`)."""
         if model is self.policy.model:
             return response_logprobs(model, seq, attn, num_resp, temperature=self.cfg.sampling.temperature,
                                      causal_lm=self.policy.causal_lm, share_prompts=self.policy.shares_prompts)

@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from coati_relay.waiting import until_cancelled
+from coati_relay.cluster.waiting import until_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ class ServiceActor:
     """Base of the run's service actors (the rollout queue, the weight store): what the driver asks of each."""
 
     async def watch(self) -> None:
-        """Pending for the actor's life: see `coati_relay.waiting.until_cancelled`."""
+        """Pending for the actor's life: see `coati_relay.cluster.waiting.until_cancelled`."""
         await until_cancelled()
 
     def node(self) -> str:

@@ -1,5 +1,5 @@
 """`RunResult`: what `launch_distributed` returns, from a run on Ray (`coati_relay.launch`) or one colocated in the
-driver's process (`coati_relay.colocated`)."""
+driver's process (`coati_relay.roles.colocated`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

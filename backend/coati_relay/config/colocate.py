@@ -1,4 +1,4 @@
-"""``colocate``: the producer and the consumer in one process (`coati_relay.colocated`).
+"""``colocate``: the producer and the consumer in one process (`coati_relay.roles.colocated`).
 
 What a colocated run cannot serve is refused here, in the driver, with the setting to change: it has one process
 holding one producer and one consumer rank, generates with the policy being trained (so from the same checkpoint;
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, List
 
-from coati_relay.run_config import Models, Plugin, Roles
+from coati_relay.config.schema import Models, Plugin, Roles
 
 
 def check_colocate(errors: List[str], colocate: Any, roles: Roles, models: Models, plugin: Plugin) -> bool:

@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from coati_relay.placement import SERVICE_ACTOR_OPTIONS, ServiceActor
-from coati_relay.waiting import wait_until
+from coati_relay.cluster.placement import SERVICE_ACTOR_OPTIONS, ServiceActor
+from coati_relay.cluster.waiting import wait_until
 
 
 @dataclass

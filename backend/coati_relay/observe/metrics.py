@@ -78,7 +78,7 @@ class MetricsLogger:
     An existing file is continued (a resumed run); `history` starts with its records. ``drop_after``: the step a
     resumed run restarts from; records of later steps describe work its checkpoint does not hold (the run was
     killed after them), so they are removed from the file and each step is logged once. ``trackers``
-    (`coati_relay.trackers.Trackers`): each step's metrics go to them too, after the file; `close` closes them.
+    (`coati_relay.observe.trackers.Trackers`): each step's metrics go to them too, after the file; `close` closes them.
     The records live in the file only: a run of any length holds none of them in memory here.
     """
 

@@ -8,19 +8,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from coati_relay.config_algorithm import AlgorithmConfig
+from coati_relay.config.algorithm import AlgorithmConfig
+from coati_relay.config.user_code import UserCode
 from coati_relay.inference.base import SamplingConfig
-from coati_relay.user_code import UserCode
 
 
 @dataclass(frozen=True)
 class Roles:
     """The actors and how they cooperate: producer and consumer counts, GPUs per producer (vLLM tensor
     parallelism), the inference backend, how weights travel, what a dead producer means, the staleness bound, the
-    timeout of every blocking wait (seconds), and placement (`coati_relay.placement`): the placement group's
+    timeout of every blocking wait (seconds), and placement (`coati_relay.cluster.placement`): the placement group's
     strategy, how long to wait for its resources, and custom resources per role (``producer``, ``consumer``);
     ``colocate``: one producer and one consumer in the driver's process, sharing the policy
-    (`coati_relay.colocated`)."""
+    (`coati_relay.roles.colocated`)."""
 
     num_producers: int
     num_proc_per_producer: int
@@ -98,7 +98,7 @@ class Checkpointing:
 class RunConfig:
     """Everything a run needs, checked: the sections above, the algorithm and its reward. ``user_code`` holds the
     user's registered rewards and estimators that the run uses; unpickling it in an actor registers them there
-    (`coati_relay.user_code`)."""
+    (`coati_relay.config.user_code`)."""
 
     roles: Roles
     batches: Batches
@@ -111,7 +111,7 @@ class RunConfig:
     algo: AlgorithmConfig
     reward: Union[str, Callable]
     project_name: str = "coati-relay"
-    report_to: Tuple[str, ...] = ()  # experiment trackers besides metrics.jsonl (`coati_relay.trackers`)
+    report_to: Tuple[str, ...] = ()  # experiment trackers besides metrics.jsonl (`coati_relay.observe.trackers`)
     seed: int = 42
     progress: bool = True
     user_code: UserCode = field(default_factory=UserCode)

@@ -1,6 +1,6 @@
 """The keys of the configuration sections and their checks: a key the run reads passes, a ColossalChat key without
 effect here warns once (with the reason), an unknown key is an error that names the closest valid one. The keys of
-``grpo_config`` are in `coati_relay.config_algorithm`."""
+``grpo_config`` are in `coati_relay.config.algorithm`."""
 from __future__ import annotations
 
 import difflib

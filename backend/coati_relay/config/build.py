@@ -1,5 +1,5 @@
 """Run configuration: ColossalChat's `launch_distributed` keywords, checked and turned into one `RunConfig`
-(`coati_relay.run_config`).
+(`coati_relay.config.schema`).
 
 Everything is validated here, in the driver, before any actor starts. Errors name the parameter and the fix.
 """
@@ -15,10 +15,10 @@ from typing import Any, Dict, List, Optional, Tuple
 from coati_relay import algorithms
 from coati_relay.callbacks import check_callbacks, may_stop
 from coati_relay.checkpoint import CHECKPOINTS_DIR
-from coati_relay.config_algorithm import AlgorithmConfig, build_algorithm
-from coati_relay.config_colocate import check_colocate
-from coati_relay.config_inference import follow_training_precision
-from coati_relay.config_keys import (
+from coati_relay.config.algorithm import AlgorithmConfig, build_algorithm
+from coati_relay.config.colocate import check_colocate
+from coati_relay.config.inference import follow_training_precision
+from coati_relay.config.keys import (
     IGNORED_LAUNCH_KEYS,
     IGNORED_SECTION_KEYS,
     SECTION_KEYS,
@@ -26,10 +26,10 @@ from coati_relay.config_keys import (
     closest,
     warn_ignored,
 )
-from coati_relay.config_models import build_models
-from coati_relay.config_sampling import build_sampling
-from coati_relay.run_config import Batches, Checkpointing, Data, Plugin, Roles, RunConfig
-from coati_relay.user_code import ByValue, UserCode, UserCodeError, comes_with_engine, module_name, user_entries
+from coati_relay.config.models import build_models
+from coati_relay.config.sampling import build_sampling
+from coati_relay.config.schema import Batches, Checkpointing, Data, Plugin, Roles, RunConfig
+from coati_relay.config.user_code import ByValue, UserCode, UserCodeError, comes_with_engine, module_name, user_entries
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def count_prompts(errors: List[str], dataset: Any, tokenizer_path: str, max_prom
         return 0
     from transformers import AutoTokenizer
 
-    from coati_relay.data import load_prompts
+    from coati_relay.prompts import load_prompts
 
     try:
         ds = load_prompts(dataset, AutoTokenizer.from_pretrained(tokenizer_path),
@@ -111,7 +111,7 @@ def _check_sections(errors: List[str], sections: Dict[str, Dict[str, Any]]) -> N
 
 
 def _placement(errors: List[str], strategy: Any, timeout_s: Any, role_resources: Any) -> Dict[str, Any]:
-    from coati_relay.placement import ROLES, STRATEGIES
+    from coati_relay.cluster.placement import ROLES, STRATEGIES
 
     if strategy not in STRATEGIES:
         errors.append(f"placement_strategy must be one of {list(STRATEGIES)}, got {strategy!r}")
@@ -273,7 +273,7 @@ def build_run_config(
     """Checks every launch parameter and the constraints between them; raises one `ConfigError` listing all.
 
     ``report_to``: experiment trackers besides ``metrics.jsonl``, a list of "tensorboard", "wandb" (W&B project
-    ``project_name``) or "none" (`coati_relay.trackers`). ``callbacks``: the driver's hooks
+    ``project_name``) or "none" (`coati_relay.observe.trackers`). ``callbacks``: the driver's hooks
     (`coati_relay.callbacks`)."""
     errors: List[str] = []
     _check_launch_keys(errors, ignored)
@@ -326,7 +326,7 @@ def build_run_config(
 
 
 def _report_to(errors: List[str], report_to: Any) -> Tuple[str, ...]:
-    from coati_relay.trackers import check_report_to
+    from coati_relay.observe.trackers import check_report_to
 
     try:
         return check_report_to(report_to)
@@ -369,7 +369,8 @@ def _run_settings(errors: List[str], seed: Any, progress: Any, project_name: Any
 def _ship(errors: List[str], reward: Any, core_algo: str, reward_model: bool,
           algo: AlgorithmConfig) -> Tuple[Any, UserCode]:
     """The reward as the actors get it, and the user's registry entries the run needs in every actor
-    (`coati_relay.user_code`): a user callable travels by value, and so do a reward, an estimator, losses and a KL
+    (`coati_relay.config.user_code`): a user callable travels by value, and so do a reward, an estimator, losses and a
+    KL
     estimator registered in the driver only."""
     try:
         if reward_model:

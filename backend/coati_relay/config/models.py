@@ -1,5 +1,5 @@
 """The model sections of a run: the checkpoints (policy, critic, reward model), the tokenizer, LoRA, and the
-producers' engine keywords (`coati_relay.config_inference`)."""
+producers' engine keywords (`coati_relay.config.inference`)."""
 from __future__ import annotations
 
 import logging
@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from coati_relay.config_inference import check_inference_config
-from coati_relay.run_config import Models, Roles
+from coati_relay.config.inference import check_inference_config
+from coati_relay.config.schema import Models, Roles
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ def _number(v: Any) -> bool:
 
 def _model_path(errors: List[str], name: str, cfg: Dict[str, Any], resolved: Dict[str, str]) -> str:
     """``cfg['path']`` as the actors get it: a local directory as given, a Hugging Face Hub ID as its snapshot in
-    the cache (`coati_relay.hub`; ``resolved`` keeps each ID's answer, so one run looks each up once)."""
+    the cache (`coati_relay.config.hub`; ``resolved`` keeps each ID's answer, so one run looks each up once)."""
     path = cfg.get("path")
     if not path or not isinstance(path, (str, os.PathLike)):
         errors.append(f"{name}['path'] is required: a local directory holding a transformers checkpoint, or a "
@@ -43,7 +43,7 @@ def _model_path(errors: List[str], name: str, cfg: Dict[str, Any], resolved: Dic
 
 def _local(errors: List[str], what: str, value: str, resolved: Dict[str, str]) -> Optional[str]:
     """The local directory of ``value`` (a path or a Hub ID); None, with the error recorded, when there is none."""
-    from coati_relay.hub import HubModelError, local_model_dir
+    from coati_relay.config.hub import HubModelError, local_model_dir
 
     if value not in resolved:
         try:

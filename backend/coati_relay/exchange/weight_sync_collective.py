@@ -23,8 +23,8 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from coati_relay.exchange.weight_sync import flatten_state_dict, merge_lora, unflatten_state_dict
 from coati_relay.training.rendezvous import join_store
-from coati_relay.weight_sync import flatten_state_dict, merge_lora, unflatten_state_dict
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,8 @@ finished: one that returned means the actor was alive (it is probed again on the
 the actor was briefly unreachable, e.g. a node left or it restarts) is not a death: the actor is probed again.
 
 The probe call is ``__ray_ready__`` by default, which every Ray actor has. With ``method="watch"`` (a call pending
-for the actor's whole life, `coati_relay.placement.ServiceActor.watch`) the calls stay outstanding while the actors
+for the actor's whole life, `coati_relay.cluster.placement.ServiceActor.watch`) the calls stay outstanding while the
+actors
 live, so `LivenessProbe.pending` can join a `ray.wait` that must wake up as soon as one of them dies.
 
 `ProducerRoster`: the producers that announced themselves to a consumer, and whether any of them can still send.

@@ -8,7 +8,7 @@ import logging
 import math
 from typing import Any, Dict, List, Mapping
 
-from coati_relay.config_keys import IGNORED_SECTION_KEYS, check_section_keys
+from coati_relay.config.keys import IGNORED_SECTION_KEYS, check_section_keys
 from coati_relay.inference.base import SamplingConfig
 
 GENERATE_KEYS = ("max_new_tokens", "max_tokens", "temperature", "top_k", "top_p", "seed", "ignore_eos",

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
-from coati_relay.metrics import metrics_path, read_metrics
+from coati_relay.observe.metrics import metrics_path, read_metrics
 
 logger = logging.getLogger(__name__)
 

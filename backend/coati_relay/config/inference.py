@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple
 
-from coati_relay.config_keys import closest, warn_ignored
+from coati_relay.config.keys import closest, warn_ignored
 
 _DTYPE_NAMES = ("float32", "float16", "bfloat16")
 
@@ -159,7 +159,7 @@ def check_inference_config(errors: List[str], backend: str, imc: Mapping[str, An
             valid = sorted([*allowed, "path", *ignored])
             errors.append(f"inference_model_config has no key {given!r} for inference_backend={backend!r}"
                           f"{closest(given, valid)}; valid keys: {valid} (the allow-list in "
-                          f"coati_relay/config_inference.py)")
+                          f"coati_relay/config/inference.py)")
         elif key in out:
             errors.append(f"inference_model_config gives {key!r} twice (as {key!r} and {given!r}); keep one")
         elif not allowed[key].ok(value):

@@ -1,0 +1,1 @@
+"""What moves between roles: the rollout queue, the task board, the weight store and the weight publishers."""

@@ -1,0 +1,1 @@
+"""What a run reports: metrics, trackers, plots, rollout and evaluation logs, profiling."""

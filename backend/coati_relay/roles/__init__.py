@@ -1,0 +1,1 @@
+"""The roles of a run: producer, consumer, learner, colocated driver."""
