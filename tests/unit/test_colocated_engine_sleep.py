@@ -34,6 +34,7 @@ def test_the_engine_sleeps_while_the_policy_trains_and_wakes_before_the_weights_
         """Generates with transformers; records the calls a colocated run makes on a vLLM engine."""
 
         shared = False
+        sleeps = True  # a vLLM engine built with enable_sleep_mode
 
         def __init__(self, name, model_path, sampling, tokenizer=None, seed=0, **kwargs):
             self.inner = TransformersBackend(model_path, sampling, tokenizer=tokenizer, seed=seed)
@@ -52,6 +53,9 @@ def test_the_engine_sleeps_while_the_policy_trains_and_wakes_before_the_weights_
         def wake_up(self):
             calls.append("wake_up")
             self.asleep = False
+
+        def close(self):
+            self.inner.close()
 
         def load_weights(self, version, tensors):
             assert not self.asleep, "weights loaded into a sleeping engine"

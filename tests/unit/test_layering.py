@@ -72,6 +72,22 @@ def test_every_published_part_resolves():
         parts.no_such_part  # noqa: B018
 
 
+def backend_probes(root: Path) -> list:
+    """``getattr(<something named *backend*>, ...)`` calls under ``root``: the capability probes `InferenceBackend`
+    makes needless by declaring every member."""
+    return [f"{path.relative_to(root)}:{node.lineno} {ast.unparse(node)}"
+            for path in sorted(root.rglob("*.py"))
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+            and node.args and "backend" in ast.unparse(node.args[0]).lower()]
+
+
+def test_no_caller_probes_an_inference_backend(tmp_path):
+    (tmp_path / "probe.py").write_text("def f(self):\n    return getattr(self.backend, 'sleep', None)\n")
+    assert backend_probes(tmp_path) == ["probe.py:2 getattr(self.backend, 'sleep', None)"]
+    assert backend_probes(ENGINE) == [] and backend_probes(COMPAT) == []
+
+
 def test_the_check_sees_function_level_imports(tmp_path):
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from coati_compat.compare.recording import maker_callbacks\n")

@@ -27,9 +27,19 @@ class SamplingConfig:
 
 @runtime_checkable
 class InferenceBackend(Protocol):
-    """Generates rollouts. ``weight_version`` is the version of the last weights loaded (0: the initial ones)."""
+    """Generates rollouts. ``weight_version`` is the version of the last weights loaded (0: the initial ones).
+
+    Every backend has every member below, so callers never probe: ``device`` is where its outputs' tensors may be
+    moved for scoring; ``shared`` says whether it generates with a model trained in this process, reading its
+    weights in place (then `load_weights` is refused: the trainer updates that model); ``sleeps`` says whether
+    `sleep` frees memory (vLLM with ``enable_sleep_mode``; elsewhere `sleep` and `wake_up` do nothing); after
+    `close` it cannot generate.
+    """
 
     weight_version: int
+    device: torch.device
+    shared: bool
+    sleeps: bool
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int,
                  info: Optional[Dict[str, list]] = None) -> Rollout:
@@ -38,4 +48,16 @@ class InferenceBackend(Protocol):
 
     def load_weights(self, version: int, tensors: Dict[str, torch.Tensor]) -> None:
         """Replaces the named weights (HF parameter names) and records ``version``."""
+        ...
+
+    def sleep(self) -> None:
+        """Frees the engine's accelerator memory until `wake_up` (a no-op unless ``sleeps``)."""
+        ...
+
+    def wake_up(self) -> None:
+        """Takes the memory `sleep` freed back (a no-op when awake)."""
+        ...
+
+    def close(self) -> None:
+        """Releases the engine; the backend cannot generate afterwards."""
         ...

@@ -75,6 +75,7 @@ class TransformersBackend:
         self.sampling = sampling
         self.device = device
         self.shared = shared
+        self.sleeps = False
         self.model = model
         self.tokenizer, self._eos_ids, self.pad_token_id, self.eos_token_id = special_token_ids(
             model_path, tokenizer, model.config, eos_token_ids, pad_token_id)
@@ -147,6 +148,12 @@ class TransformersBackend:
                 self._params[name].copy_(t)
         self.weight_version = version
         logger.debug("loaded %d tensors as weight version %d", len(tensors), version)
+
+    def sleep(self) -> None:
+        """Nothing to free: the model stays where it is (``sleeps`` is False)."""
+
+    def wake_up(self) -> None:
+        """Nothing to take back (``sleeps`` is False)."""
 
     def close(self) -> None:
         """Drops the model (a shared one stays with its owner); the backend cannot generate afterwards."""

@@ -148,6 +148,7 @@ class VLLMBackend:
                                                                  kwargs["max_model_len"])
         self.kv_cache_bytes = kwargs.get("kv_cache_memory_bytes")
         self.sleeps = bool(kwargs.get("enable_sleep_mode"))
+        self.shared = False  # the engine holds its own copy of the weights
         self.asleep = False
         start = time.perf_counter()
         with without_kvcache_env() if sized else contextlib.nullcontext():

@@ -45,11 +45,10 @@ class InProcessPublisher:
         if tensors is None or adapters is not None:
             raise ValueError("InProcessPublisher.publish: a colocated run publishes full weights (tensors=) only")
         t0 = time.perf_counter()
-        wake_up = getattr(self.backend, "wake_up", None)
-        if wake_up is not None:  # an engine asleep during training gets its memory back first
+        if self.backend.sleeps:  # an engine asleep during training gets its memory back first
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()  # what training cached and no longer holds
-            wake_up()
+            self.backend.wake_up()
         self.backend.load_weights(version, tensors)
         return {"weight_publish_s": time.perf_counter() - t0}
 
@@ -125,7 +124,7 @@ def _run(cfg: RunConfig, start_round: int, hooks: Any) -> Any:
         cfg = replace(cfg, models=replace(cfg.models, inference_model_kwargs=kwargs))
     producer = ProducerWorker(0, cfg, queue=None, weight_store=None, start_version=start_round)
     producer.setup_colocated(policy)
-    shared = getattr(producer.backend, "shared", False)
+    shared = producer.backend.shared
     if not shared:
         consumer.publisher = InProcessPublisher(producer.backend)
         if start_round:  # the engine loaded the initial checkpoint; the consumer resumed from a later one
@@ -144,9 +143,7 @@ def _run(cfg: RunConfig, start_round: int, hooks: Any) -> Any:
                 producer.backend.weight_version = r  # the policy holds round r's weights: trained in place
             tasks = range(r * cfg.tasks_per_round, (r + 1) * cfg.tasks_per_round)
             made = [producer.make_rollout(task) for task in tasks]
-            sleep = getattr(producer.backend, "sleep", None)
-            if sleep is not None:  # vLLM hands its GPU memory to training; the publisher wakes it
-                sleep()
+            producer.backend.sleep()  # vLLM hands its GPU memory to training; the publisher wakes it
             rollouts = [rollout for rollout, _ in made]
             metrics = consumer.finish_round(rollouts, [meta for _, meta in made], [r] * len(made), t0,
                                             wait_s=time.perf_counter() - t0)

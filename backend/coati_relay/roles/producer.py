@@ -12,7 +12,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from coati_relay.cluster.devices import accelerator_device
 from coati_relay.cluster.heap import trim_heap
 from coati_relay.cluster.placement import node_id
 from coati_relay.config.schema import RunConfig
@@ -110,7 +109,7 @@ class ProducerWorker:
     def _load_scoring(self) -> None:
         """The reward model (on the backend's device) or the rule reward."""
         cfg = self.cfg
-        self.device = getattr(self.backend, "device", None) or accelerator_device()
+        self.device = self.backend.device
         self.reward_fn = self.rm_scorer = None
         if cfg.models.reward_model_path:
             from coati_relay.rewards import RewardModelScorer
@@ -227,9 +226,7 @@ class ProducerWorker:
         return dict(self.stats)
 
     def backend_close(self) -> None:
-        close = getattr(self.backend, "close", None)
-        if close:
-            close()
+        self.backend.close()
 
 
 def _call(method, *args, timeout_s: float, **kwargs):
