@@ -8,32 +8,16 @@ warning each; any other key is an error that names the closest valid one.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 from coati_relay import algorithms
+from coati_relay.config.checks import is_flag, is_non_negative, is_number, is_positive
 from coati_relay.config.keys import check_section_keys, closest
 
 
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _positive(v: Any) -> bool:
-    return _number(v) and v > 0
-
-
-def _non_negative(v: Any) -> bool:
-    return _number(v) and v >= 0
-
-
-def _flag(v: Any) -> bool:
-    return isinstance(v, bool)
-
-
 def _pair(v: Any) -> bool:
-    return v is None or (isinstance(v, (list, tuple)) and len(v) == 2 and all(map(_number, v)) and v[0] < v[1])
+    return v is None or (isinstance(v, (list, tuple)) and len(v) == 2 and all(map(is_number, v)) and v[0] < v[1])
 
 
 class Key(NamedTuple):
@@ -59,29 +43,29 @@ def _registered_names(kind: str) -> Callable[[Any], str]:
 
 
 ALGORITHM_KEYS: Dict[str, Key] = {
-    "lr": Key(1e-6, _positive, "a finite number > 0"),
-    "critic_lr": Key(lambda given: given.get("lr", 1e-6), _positive, "a finite number > 0"),
-    "weight_decay": Key(0.01, _non_negative, "a number >= 0"),
-    "beta": Key(0.01, _non_negative, "a number >= 0 (the KL weight)"),
-    "kl_coef": Key(lambda given: given.get("beta", 0.01), _non_negative, "a number >= 0 (PPO's KL reward weight)"),
+    "lr": Key(1e-6, is_positive, "a finite number > 0"),
+    "critic_lr": Key(lambda given: given.get("lr", 1e-6), is_positive, "a finite number > 0"),
+    "weight_decay": Key(0.01, is_non_negative, "a number >= 0"),
+    "beta": Key(0.01, is_non_negative, "a number >= 0 (the KL weight)"),
+    "kl_coef": Key(lambda given: given.get("beta", 0.01), is_non_negative, "a number >= 0 (PPO's KL reward weight)"),
     "loss_variation": Key("sample_level", lambda v: v in ("sample_level", "token_level"),
                           "'sample_level' or 'token_level'"),
-    "clip_eps_low": Key(0.2, _positive, "a number > 0"),
-    "clip_eps_high": Key(0.2, _positive, "a number > 0"),
+    "clip_eps_low": Key(0.2, is_positive, "a number > 0"),
+    "clip_eps_high": Key(0.2, is_positive, "a number > 0"),
     "filter_range": Key(None, _pair, "None or [low, high] with low < high"),
-    "soft_over_length_punishment": Key(False, _flag, "a bool"),
+    "soft_over_length_punishment": Key(False, is_flag, "a bool"),
     "cache_length": Key(None, lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
                         "None or an int > 0 (tokens)"),
-    "overlength_scale": Key(1.0, _non_negative, "a number >= 0"),
-    "filter_truncated_response": Key(False, _flag, "a bool"),
-    "value_clip": Key(0.4, _positive, "a number > 0"),
-    "gamma": Key(1.0, lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]"),
-    "lam": Key(0.95, lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "overlength_scale": Key(1.0, is_non_negative, "a number >= 0"),
+    "filter_truncated_response": Key(False, is_flag, "a bool"),
+    "value_clip": Key(0.4, is_positive, "a number > 0"),
+    "gamma": Key(1.0, lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "lam": Key(0.95, lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "ppo_epochs": Key(1, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an int >= 1"),
-    "normalize_advantages": Key(False, _flag, "a bool"),
+    "normalize_advantages": Key(False, is_flag, "a bool"),
     "lr_scheduler": Key("constant", lambda v: v in (None, "constant", "cosine"), "None, 'constant' or 'cosine'"),
     "warmup_steps": Key(0, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an int >= 0"),
-    "max_grad_norm": Key(None, lambda v: v is None or _positive(v), "None or a number > 0"),
+    "max_grad_norm": Key(None, lambda v: v is None or is_positive(v), "None or a number > 0"),
     "policy_loss": Key("ppo_clip", _registered("policy_loss"), _registered_names("policy_loss"),
                        "the policy loss the learner calls, by its registered name: 'ppo_clip' is the clipped "
                        "surrogate with an asymmetric clip and beta * KL (coati_relay.algorithms.losses)"),

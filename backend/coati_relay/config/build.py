@@ -16,6 +16,7 @@ from coati_relay import algorithms
 from coati_relay.callbacks import check_callbacks, may_stop
 from coati_relay.checkpoint import CHECKPOINTS_DIR
 from coati_relay.config.algorithm import AlgorithmConfig, build_algorithm
+from coati_relay.config.checks import is_int, is_number, is_positive
 from coati_relay.config.colocate import check_colocate
 from coati_relay.config.inference import follow_training_precision
 from coati_relay.config.keys import (
@@ -115,28 +116,19 @@ def _placement(errors: List[str], strategy: Any, timeout_s: Any, role_resources:
 
     if strategy not in STRATEGIES:
         errors.append(f"placement_strategy must be one of {list(STRATEGIES)}, got {strategy!r}")
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+    if not is_positive(timeout_s):
         errors.append(f"placement_timeout_s must be a number of seconds > 0, got {timeout_s!r}")
     resources = _dict(errors, "role_resources", role_resources)
     for role, wanted in resources.items():
         if role not in ROLES:
             errors.append(f"role_resources has no role {role!r}{closest(str(role), ROLES)}; roles: {list(ROLES)}")
         elif not isinstance(wanted, dict) or not all(
-                isinstance(k, str) and k not in ("CPU", "GPU") and isinstance(v, (int, float))
-                and not isinstance(v, bool) and v > 0 for k, v in wanted.items()):
+                isinstance(k, str) and k not in ("CPU", "GPU") and is_positive(v) for k, v in wanted.items()):
             errors.append(f"role_resources[{role!r}] must map custom resource names (not CPU/GPU, which the engine "
                           f"sets) to amounts > 0, got {wanted!r}")
-    return {"placement_strategy": strategy, "placement_timeout_s": float(timeout_s) if _number(timeout_s) else 30.0,
+    return {"placement_strategy": strategy, "placement_timeout_s": float(timeout_s) if is_number(timeout_s) else 30.0,
             "role_resources": {r: {k: float(v) for k, v in w.items()} for r, w in resources.items()
                                if isinstance(w, dict)}}
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _roles(errors: List[str], num_producers: Any, num_proc_per_producer: Any, num_consumer_procs: Any,
@@ -148,7 +140,7 @@ def _roles(errors: List[str], num_producers: Any, num_proc_per_producer: Any, nu
     if isinstance(n_behind, bool) or not isinstance(n_behind, int) or n_behind < 0:
         errors.append(f"n_behind must be an int >= 0 (0: on-policy lock-step), got {n_behind!r}")
         n_behind = 0
-    if not _number(timeout_s) or timeout_s <= 0:
+    if not is_number(timeout_s) or timeout_s <= 0:
         errors.append(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
         timeout_s = 300.0
     if on_producer_failure not in ("fail", "continue"):
@@ -218,7 +210,7 @@ def _plugin(errors: List[str], plc: Dict[str, Any]) -> Tuple[Plugin, Optional[fl
     if not isinstance(allow_fallback, bool):
         errors.append(f"plugin_config['allow_cpu_fallback'] must be a bool, got {allow_fallback!r}")
     max_norm = plc.pop("max_norm", None)
-    if max_norm is not None and (not _number(max_norm) or not 0 < max_norm < float("inf")):
+    if max_norm is not None and (not is_number(max_norm) or not 0 < max_norm < float("inf")):
         errors.append(f"plugin_config['max_norm'] must be None or a finite number > 0 (gradient clipping), "
                       f"got {max_norm!r}")
         max_norm = None
@@ -338,7 +330,7 @@ def _report_to(errors: List[str], report_to: Any) -> Tuple[str, ...]:
 def _run_settings(errors: List[str], seed: Any, progress: Any, project_name: Any, save_interval: int, run_dir: Any,
                   save_dir: Any, resume_from: Any, checkpoint_path: Any) -> Tuple[str, Checkpointing]:
     """The run's name and where it writes and resumes from."""
-    if not _int(seed) or seed < 0:
+    if not is_int(seed) or seed < 0:
         errors.append(f"seed must be an int >= 0, got {seed!r}")
     if not isinstance(progress, bool):
         errors.append(f"progress must be a bool, got {progress!r}")

@@ -15,9 +15,9 @@ error naming the closest valid one.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple
 
+from coati_relay.config.checks import is_flag, is_int, is_number, is_positive_int
 from coati_relay.config.keys import closest, warn_ignored
 
 _DTYPE_NAMES = ("float32", "float16", "bfloat16")
@@ -28,22 +28,6 @@ class Check(NamedTuple):
 
     ok: Callable[[Any], bool]
     expect: str
-
-
-def _int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _flag(v: Any) -> bool:
-    return isinstance(v, bool)
-
-
-def _positive_int(v: Any) -> bool:
-    return _int(v) and v > 0
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _device(v: Any) -> bool:
@@ -66,29 +50,29 @@ def _dtype(allowed: tuple) -> Callable[[Any], bool]:
 
 VLLM_KEYS: Dict[str, Check] = {
     "dtype": Check(_dtype(("auto",) + _DTYPE_NAMES), f"'auto', one of {list(_DTYPE_NAMES)} or a torch dtype"),
-    "tensor_parallel_size": Check(_positive_int, "an int > 0 equal to num_proc_per_producer"),
-    "gpu_memory_utilization": Check(lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
-    "kv_cache_memory_bytes": Check(_positive_int, "an int > 0 (bytes; on CPU hosts the default is sized to the run's "
+    "tensor_parallel_size": Check(is_positive_int, "an int > 0 equal to num_proc_per_producer"),
+    "gpu_memory_utilization": Check(lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "kv_cache_memory_bytes": Check(is_positive_int, "an int > 0 (bytes; on CPU hosts the default is sized to the run's "
                                                   "rows, `coati_relay.inference.kv_cache_size`)"),
-    "max_model_len": Check(_positive_int, "an int > 0 (prompt + response tokens)"),
-    "max_num_seqs": Check(_positive_int, "an int > 0"),
-    "max_num_batched_tokens": Check(_positive_int, "an int > 0"),
-    "block_size": Check(_positive_int, "an int > 0"),
-    "enforce_eager": Check(_flag, "a bool"),
-    "enable_sleep_mode": Check(_flag, "a bool (CUDA: the engine can free its GPU memory while a colocated policy "
+    "max_model_len": Check(is_positive_int, "an int > 0 (prompt + response tokens)"),
+    "max_num_seqs": Check(is_positive_int, "an int > 0"),
+    "max_num_batched_tokens": Check(is_positive_int, "an int > 0"),
+    "block_size": Check(is_positive_int, "an int > 0"),
+    "enforce_eager": Check(is_flag, "a bool"),
+    "enable_sleep_mode": Check(is_flag, "a bool (CUDA: the engine can free its GPU memory while a colocated policy "
                                       "trains; on by default there)"),
-    "enable_chunked_prefill": Check(_flag, "a bool"),
-    "enable_prefix_caching": Check(_flag, "a bool"),
-    "disable_custom_all_reduce": Check(_flag, "a bool"),
-    "disable_log_stats": Check(_flag, "a bool"),
-    "trust_remote_code": Check(_flag, "a bool"),
-    "cpu_offload_gb": Check(lambda v: _number(v) and v >= 0, "a number >= 0 (GiB)"),
+    "enable_chunked_prefill": Check(is_flag, "a bool"),
+    "enable_prefix_caching": Check(is_flag, "a bool"),
+    "disable_custom_all_reduce": Check(is_flag, "a bool"),
+    "disable_log_stats": Check(is_flag, "a bool"),
+    "trust_remote_code": Check(is_flag, "a bool"),
+    "cpu_offload_gb": Check(lambda v: is_number(v) and v >= 0, "a number >= 0 (GiB)"),
     "kv_cache_dtype": Check(lambda v: isinstance(v, str), "a str ('auto', 'fp8', ...)"),
     "quantization": Check(lambda v: v is None or isinstance(v, str), "None or a method name ('fp8', 'awq', ...)"),
     "tokenizer_mode": Check(lambda v: isinstance(v, str), "a str ('auto', 'slow', ...)"),
     "distributed_executor_backend": Check(lambda v: v in (None, "mp", "ray", "uni", "external_launcher"),
                                           "None, 'mp', 'ray', 'uni' or 'external_launcher'"),
-    "compilation_config": Check(lambda v: _int(v) or isinstance(v, dict), "an int (level) or a dict"),
+    "compilation_config": Check(lambda v: is_int(v) or isinstance(v, dict), "an int (level) or a dict"),
     "hf_overrides": Check(lambda v: isinstance(v, dict), "a dict of config overrides"),
     "logprobs_mode": Check(lambda v: v == "processed_logprobs",
                            "'processed_logprobs' (log-probs of the distribution sampled from; the consumer's ratio "

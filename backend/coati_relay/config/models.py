@@ -7,20 +7,13 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from coati_relay.config.checks import is_int, is_number
 from coati_relay.config.inference import check_inference_config
 from coati_relay.config.schema import Models, Roles
 
 log = logging.getLogger(__name__)
 
 LORA_KEYS = ("r", "alpha", "target_modules", "dropout")
-
-
-def _int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _model_path(errors: List[str], name: str, cfg: Dict[str, Any], resolved: Dict[str, str]) -> str:
@@ -95,10 +88,10 @@ def build_models(errors: List[str], roles: Roles, imc: Dict[str, Any], tmc: Dict
     return Models(model_path=model_path, train_path=train_path, tokenizer_path=tokenizer_path,
                   inference_model_kwargs=engine_kwargs, lora=_lora(errors, tmc.get("lora")),
                   critic_model_path=critic_path, reward_model_path=rm_path,
-                  gradient_checkpointing=_flag(errors, "train_model_config", "gradient_checkpointing", tmc))
+                  gradient_checkpointing=_flag_key(errors, "train_model_config", "gradient_checkpointing", tmc))
 
 
-def _flag(errors: List[str], section: str, key: str, cfg: Dict[str, Any]) -> bool:
+def _flag_key(errors: List[str], section: str, key: str, cfg: Dict[str, Any]) -> bool:
     value = cfg.get(key, False)
     if not isinstance(value, bool):
         errors.append(f"{section}[{key!r}] must be True or False, got {value!r}")
@@ -114,9 +107,9 @@ def _lora(errors: List[str], lora: Any) -> Optional[Dict[str, Any]]:
         errors.append(f"train_model_config['lora'] must be None (full training) or a dict with 'r' and optionally "
                       f"{list(LORA_KEYS[1:])}, got {lora!r}")
         return None
-    checks = {"r": (lambda v: _int(v) and v > 0, "an int > 0 (the rank; None for full training)"),
-              "alpha": (lambda v: _number(v) and v > 0, "a number > 0"),
-              "dropout": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
+    checks = {"r": (lambda v: is_int(v) and v > 0, "an int > 0 (the rank; None for full training)"),
+              "alpha": (lambda v: is_number(v) and v > 0, "a number > 0"),
+              "dropout": (lambda v: is_number(v) and 0 <= v < 1, "a number in [0, 1)"),
               "target_modules": (lambda v: v is None or isinstance(v, str) or (
                   isinstance(v, (list, tuple)) and v and all(isinstance(m, str) and m for m in v)),
                   "None (peft's default), a module name or a non-empty list of module names")}

@@ -5,9 +5,9 @@ A key given as None counts as not given (ColossalChat's transformers example pas
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any, Dict, List, Mapping
 
+from coati_relay.config.checks import is_int, is_number
 from coati_relay.config.keys import IGNORED_SECTION_KEYS, check_section_keys
 from coati_relay.inference.base import SamplingConfig
 
@@ -18,14 +18,6 @@ DEFAULT_MAX_NEW_TOKENS = 16
 log = logging.getLogger(__name__)
 
 
-def _int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _max_new_tokens(errors: List[str], gen: Mapping[str, Any], grpo: Mapping[str, Any]) -> int:
     """The response length: generate_config's max_new_tokens or max_tokens (vLLM's name), else grpo_config's."""
     given = {f"generate_config['{k}']": gen[k] for k in ("max_new_tokens", "max_tokens") if gen.get(k) is not None}
@@ -34,7 +26,7 @@ def _max_new_tokens(errors: List[str], gen: Mapping[str, Any], grpo: Mapping[str
     if len(set(map(repr, given.values()))) > 1:
         errors.append(f"{' and '.join(given)} disagree ({list(given.values())}); give one of them")
     for name, value in given.items():
-        if not _int(value) or value < 1:
+        if not is_int(value) or value < 1:
             errors.append(f"{name} must be an int >= 1 (tokens per response), got {value!r}")
             return DEFAULT_MAX_NEW_TOKENS
     return next(iter(given.values()), DEFAULT_MAX_NEW_TOKENS)
@@ -47,24 +39,24 @@ def build_sampling(errors: List[str], gen: Dict[str, Any], grpo: Mapping[str, An
     temperature = gen.get("temperature")
     if temperature is None:
         temperature = 1.0
-    elif not _number(temperature) or temperature <= 0:
+    elif not is_number(temperature) or temperature <= 0:
         errors.append(f"generate_config['temperature'] must be a number > 0 (RL samples; 0 would be greedy), "
                       f"got {temperature!r}")
         temperature = 1.0
     top_p = gen.get("top_p")
     if top_p is None:
         top_p = 1.0
-    elif not _number(top_p) or not 0 < top_p <= 1:
+    elif not is_number(top_p) or not 0 < top_p <= 1:
         errors.append(f"generate_config['top_p'] must be a number in (0, 1] (1: off), got {top_p!r}")
         top_p = 1.0
     top_k = gen.get("top_k")
     if top_k is None:
         top_k = -1
-    elif not _int(top_k) or (top_k < 1 and top_k != -1):
+    elif not is_int(top_k) or (top_k < 1 and top_k != -1):
         errors.append(f"generate_config['top_k'] must be -1 (off) or an int >= 1, got {top_k!r}")
         top_k = -1
     seed = gen.get("seed")
-    if seed is not None and (not _int(seed) or seed < 0):
+    if seed is not None and (not is_int(seed) or seed < 0):
         errors.append(f"generate_config['seed'] must be None or an int >= 0, got {seed!r}")
         seed = None
     elif seed is not None:
@@ -78,7 +70,7 @@ def build_sampling(errors: List[str], gen: Dict[str, Any], grpo: Mapping[str, An
     stop = gen.get("stop_token_ids")
     if stop is None:
         stop = []
-    elif not isinstance(stop, (list, tuple)) or not all(_int(t) and t >= 0 for t in stop):
+    elif not isinstance(stop, (list, tuple)) or not all(is_int(t) and t >= 0 for t in stop):
         errors.append(f"generate_config['stop_token_ids'] must be a list of token ids (ints >= 0), got {stop!r}")
         stop = []
     return SamplingConfig(max_new_tokens=max_new, temperature=float(temperature), top_k=top_k, top_p=float(top_p),
