@@ -31,10 +31,10 @@ from coati_relay.config.models import build_models
 from coati_relay.config.sampling import build_sampling
 from coati_relay.config.schema import Batches, Checkpointing, Data, Plugin, Roles, RunConfig
 from coati_relay.config.user_code import ByValue, UserCode, UserCodeError, comes_with_engine, module_name, user_entries
+from coati_relay.inference.factory import BACKEND_NAMES
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("vllm", "transformers")
 
 
 class ConfigError(ValueError):
@@ -150,8 +150,8 @@ def _roles(errors: List[str], num_producers: Any, num_proc_per_producer: Any, nu
     elif weight_sync == "collective" and on_producer_failure == "continue":
         errors.append("weight_sync='collective' needs every producer in every broadcast, so a run cannot go on "
                       "after one dies: use on_producer_failure='fail' or weight_sync='object_store'")
-    if inference_backend not in BACKENDS:
-        errors.append(f"inference_backend must be one of {list(BACKENDS)}, got {inference_backend!r}")
+    if inference_backend not in BACKEND_NAMES:
+        errors.append(f"inference_backend must be one of {list(BACKEND_NAMES)}, got {inference_backend!r}")
     if ppp > 1:
         import torch
 

@@ -9,11 +9,10 @@ from typing import Any, Dict, List, Optional
 
 from coati_relay.config.checks import is_int, is_number
 from coati_relay.config.inference import check_inference_config
-from coati_relay.config.schema import Models, Roles
+from coati_relay.config.schema import LORA_KEYS, Models, Roles
 
 log = logging.getLogger(__name__)
 
-LORA_KEYS = ("r", "alpha", "target_modules", "dropout")
 
 
 def _model_path(errors: List[str], name: str, cfg: Dict[str, Any], resolved: Dict[str, str]) -> str:

@@ -23,6 +23,7 @@ import torch.nn as nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from coati_relay.cluster.devices import accelerator_device
+from coati_relay.config.schema import LORA_KEYS
 
 from . import checkpoint_files
 from .distributed import ensure_single_process_group
@@ -37,7 +38,6 @@ logger = logging.getLogger(__name__)
 
 MODEL_FILE, OPTIMIZER_FILE, SCHEDULER_FILE = "model.pt", "optimizer.pt", "lr_scheduler.pt"
 BOOST_EXTRAS = ("criterion", "dataloader", "lr_scheduler")
-_LORA_KEYS = {"r", "alpha", "target_modules", "dropout"}
 
 
 def load_causal_lm(path: Union[str, os.PathLike], dtype: torch.dtype = torch.float32,
@@ -60,8 +60,8 @@ def load_causal_lm(path: Union[str, os.PathLike], dtype: torch.dtype = torch.flo
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if lora is None:
         return model
-    if not isinstance(lora, dict) or set(lora) - _LORA_KEYS or "r" not in lora:
-        raise ValueError(f"load_causal_lm: lora must be a dict with 'r' and optionally {sorted(_LORA_KEYS - {'r'})}, "
+    if not isinstance(lora, dict) or set(lora) - set(LORA_KEYS) or "r" not in lora:
+        raise ValueError(f"load_causal_lm: lora must be a dict with 'r' and optionally {list(LORA_KEYS[1:])}, "
                          f"got {lora!r}")
     from peft import LoraConfig, get_peft_model
 
