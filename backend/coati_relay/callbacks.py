@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any, List, Optional, Sequence
 
 from coati_relay.config.keys import closest
+from coati_relay.observe.run_result import CallbackError
 
 HOOKS = ("on_run_start", "on_round_end", "on_checkpoint", "on_evaluate", "on_run_end")
 STOPPING_HOOKS = ("on_round_end", "on_checkpoint")  # where StopRun is honoured
@@ -116,6 +117,4 @@ class Hooks:
 
 
 def _raise(message: str) -> None:
-    from coati_relay.launch import CallbackError
-
     raise CallbackError(message)

@@ -21,8 +21,9 @@ def _run(args: argparse.Namespace) -> int:
     import yaml
 
     from coati_relay.config.build import ConfigError
-    from coati_relay.launch import RunFailed, launch_distributed
+    from coati_relay.launch import launch_distributed
     from coati_relay.observe.metrics import summary_table
+    from coati_relay.observe.run_result import RunFailed
 
     with open(args.config) as f:
         kwargs = yaml.safe_load(f)

@@ -19,7 +19,7 @@ from coati_relay.config.build import build_run_config
 from coati_relay.config.keys import IGNORED_LAUNCH_KEYS
 from coati_relay.config.launch_keywords import keywords_doc
 from coati_relay.config.schema import RunConfig
-from coati_relay.observe.run_result import RunResult
+from coati_relay.observe.run_result import CallbackError, RunFailed, RunResult
 
 log = logging.getLogger(__name__)
 
@@ -30,18 +30,6 @@ ACTOR_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
 }
-
-
-class RunFailed(RuntimeError):
-    """A role died or timed out; the message names it, and ``counters`` holds the queue's accounting."""
-
-    def __init__(self, message: str, counters: Optional[Dict[str, Any]] = None):
-        super().__init__(message)
-        self.counters = counters or {}
-
-
-class CallbackError(RunFailed):
-    """A callback's hook raised (`coati_relay.callbacks`); the message names its class and method."""
 
 
 def launch_distributed(**kwargs: Any) -> RunResult:

@@ -59,7 +59,7 @@ def test_checkpoint_then_resume_loses_no_step(ray_cluster, tiny_model_path, data
 
 def test_killed_producer_ends_the_run_naming_it(ray_cluster, tiny_model_path, data, tmp_path, record_property):
     from coati_relay import launch_distributed
-    from coati_relay.launch import RunFailed
+    from coati_relay.observe.run_result import RunFailed
 
     killer = AfterSteps(tmp_path / "fail", 2, kill_actor(ray_cluster, "producer-0"))
     killer.start()

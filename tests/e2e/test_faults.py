@@ -35,7 +35,7 @@ def run_to_failure(fault, kwargs, after_steps: int = 2):
     """Starts ``fault`` once ``after_steps`` steps are logged, runs until `RunFailed`; returns (error, seconds from
     the fault to the error)."""
     from coati_relay import launch_distributed
-    from coati_relay.launch import RunFailed
+    from coati_relay.observe.run_result import RunFailed
 
     trigger = AfterSteps(kwargs["run_dir"], after_steps, fault)
     trigger.start()
@@ -74,7 +74,7 @@ def test_reward_returning_nan_ends_the_run_naming_reward_and_response(ray_cluste
     kwargs = small_run(tiny_model_path, data, tmp_path / "nan")
     kwargs["grpo_config"] = {**kwargs["grpo_config"], "reward_fn": nan_on_third_call}
     from coati_relay import launch_distributed
-    from coati_relay.launch import RunFailed
+    from coati_relay.observe.run_result import RunFailed
 
     with pytest.raises(RunFailed, match=r"producer-0 died: ValueError: reward function .*nan_on_third_call "
                                         r"returned nan for response 0 of 16 \('.*'\) and 15 more") as err:
@@ -89,7 +89,7 @@ def test_reward_that_raises_keeps_its_exception_with_a_note(ray_cluster, tiny_mo
     kwargs = small_run(tiny_model_path, data, tmp_path / "raises")
     kwargs["grpo_config"] = {**kwargs["grpo_config"], "reward_fn": broken}
     from coati_relay import launch_distributed
-    from coati_relay.launch import RunFailed
+    from coati_relay.observe.run_result import RunFailed
 
     with pytest.raises(RunFailed, match=r"producer-0 died: KeyError: .no such answer. \(raised by reward function "
                                         r".*broken "
