@@ -9,7 +9,8 @@ from typing import Any, Dict, List, Optional
 
 from coati_relay.config.checks import is_int, is_number
 from coati_relay.config.inference import check_inference_config
-from coati_relay.config.schema import LORA_KEYS, Models, Roles
+from coati_relay.config.schema import Models, Roles
+from coati_relay.training.booster_backend import LORA_KEYS
 
 log = logging.getLogger(__name__)
 

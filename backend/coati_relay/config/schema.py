@@ -12,8 +12,6 @@ from coati_relay.config.algorithm import AlgorithmConfig
 from coati_relay.config.user_code import UserCode
 from coati_relay.inference.base import SamplingConfig
 
-LORA_KEYS = ("r", "alpha", "target_modules", "dropout")  # train_model_config['lora']: 'r' required
-
 
 @dataclass(frozen=True)
 class Roles:

@@ -23,7 +23,6 @@ import torch.nn as nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from coati_relay.cluster.devices import accelerator_device
-from coati_relay.config.schema import LORA_KEYS
 
 from . import checkpoint_files
 from .distributed import ensure_single_process_group
@@ -35,6 +34,8 @@ from .plugins import build_optimizer, build_plugin, resolve_plugin
 from .schedule import WarmupSchedule, check_args
 
 logger = logging.getLogger(__name__)
+
+LORA_KEYS = ("r", "alpha", "target_modules", "dropout")  # train_model_config['lora']: 'r' required
 
 MODEL_FILE, OPTIMIZER_FILE, SCHEDULER_FILE = "model.pt", "optimizer.pt", "lr_scheduler.pt"
 BOOST_EXTRAS = ("criterion", "dataloader", "lr_scheduler")
