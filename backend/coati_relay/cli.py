@@ -17,13 +17,38 @@ from typing import List, Optional
 SUBCOMMAND_GROUP = "coati_relay.subcommands"
 
 
+RUN_EPILOG = """examples:
+  coati-relay run grpo.yaml
+  coati-relay run grpo.yaml --set grpo_config.lr=1e-5 --set num_episodes=3
+  coati-relay run grpo.yaml --dry-run          # check and print the resolved config, start nothing
+
+exit codes: 0 trained; 1 the run failed (a role died or timed out); 2 the config is wrong (the message says how)"""
+
+
+PLOT_EPILOG = """examples:
+  coati-relay plot runs/my-grpo                  # writes runs/my-grpo/metrics.png
+  coati-relay plot runs/a runs/b -o compare.png  # both runs on one figure
+
+exit codes: 0 written (the PNG's path is printed)"""
+
+EXPORT_EPILOG = """examples:
+  coati-relay export runs/my-grpo hf-model                             # latest checkpoint, merged weights
+  coati-relay export runs/my-grpo/checkpoints/step-000020 hf-model --adapter   # LoRA adapters alone
+
+exit codes: 0 written (the directory is printed); 2 the source or the output directory is wrong"""
+
+
 def _run(args: argparse.Namespace) -> int:
+    import json
+
     import yaml
 
-    from coati_relay.config.build import ConfigError
+    from coati_relay.config.build import ConfigError, build_run_config
+    from coati_relay.config.overrides import OverrideError, apply_overrides
     from coati_relay.launch import launch_distributed
     from coati_relay.observe.metrics import summary_table
     from coati_relay.observe.run_result import RunFailed
+    from coati_relay.observe.trackers import run_config_dict
 
     with open(args.config) as f:
         kwargs = yaml.safe_load(f)
@@ -31,8 +56,12 @@ def _run(args: argparse.Namespace) -> int:
         print(f"coati-relay run: {args.config} must hold a mapping of launch_distributed keywords", file=sys.stderr)
         return 2
     try:
+        kwargs = apply_overrides(kwargs, args.set)
+        if args.dry_run:
+            print(json.dumps(run_config_dict(build_run_config(**kwargs)), indent=2))
+            return 0
         result = launch_distributed(**kwargs)
-    except (ConfigError, TypeError) as exc:
+    except (ConfigError, OverrideError, TypeError) as exc:
         print(f"coati-relay run: {exc}", file=sys.stderr)
         return 2
     except RunFailed as exc:
@@ -92,16 +121,23 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the installed coati-relay version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p_run = sub.add_parser("run", help="launch_distributed with the keywords of a YAML file",
-                           description="Run launch_distributed with the keywords of a YAML file.")
+                           description="Run launch_distributed with the keywords of a YAML file.", epilog=RUN_EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     p_run.add_argument("config", help="YAML file holding a mapping of launch_distributed keywords")
+    p_run.add_argument("--set", action="append", default=[], metavar="KEY.SUB=VALUE",
+                       help="override one keyword or one key of a section (the value read as YAML); repeatable")
+    p_run.add_argument("--dry-run", action="store_true",
+                       help="check the config and print it resolved (defaults filled in) as JSON, then exit")
     p_run.set_defaults(fn=_run)
     p_plot = sub.add_parser("plot", help="PNG of reward and loss per step of one or more run dirs",
-                            description="Draw reward and loss per step of one or more run directories.")
+                            description="Draw reward and loss per step of one or more run directories.",
+                            epilog=PLOT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p_plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a run directory (holding metrics.jsonl)")
     p_plot.add_argument("-o", "--out", default=None, help="the PNG to write (default: metrics.png in the first run "
                         "directory, metrics_compare.png for several)")
     p_plot.set_defaults(fn=_plot)
     p_export = sub.add_parser("export", help="a run's trained policy as a Hugging Face model directory",
+                              epilog=EXPORT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
                               description="Write the policy of a run's latest checkpoint (or of one checkpoint) as a "
                               "save_pretrained directory: config.json, safetensors weights and the tokenizer. A LoRA "
                               "run exports merged weights unless --adapter.")
