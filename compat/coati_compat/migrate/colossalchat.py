@@ -52,13 +52,13 @@ TEXT_FIXES = {
     "model, and rewards are rule-based, so the critic/initial/reward group sizes have no counterpart",
 }
 
-PPO_TO_GRPO = ("PPO becomes core_algo=--algo (GRPO by default): ColossalChat's launch_distributed trains only the critic-free GRPO family "
-               "(--algo: GRPO, DAPO, RLOO, REINFORCE_PPB). There is no critic and no value loss: every prompt gets "
-               "num_generations responses, and each response's advantage is its reward normalised within its "
-               "prompt's group (GRPO and DAPO: (r - mean) / std; RLOO: r minus the mean of the others; "
-               "REINFORCE_PPB: r - mean with the KL folded in, whitened over the batch). The KL to the reference "
-               "model is a loss term (grpo_config['beta'] = the legacy kl_coef) instead of a reward penalty. Legacy "
-               "settings without a counterpart there: {missing}.")
+PPO_TO_GRPO = ("PPO becomes core_algo=--algo (GRPO by default): ColossalChat's launch_distributed trains only the "
+               "critic-free GRPO family (--algo: GRPO, DAPO, RLOO, REINFORCE_PPB). There is no critic and no value "
+               "loss: every prompt gets num_generations responses, and each response's advantage is its reward "
+               "normalised within its prompt's group (GRPO and DAPO: (r - mean) / std; RLOO: r minus the mean of the "
+               "others; REINFORCE_PPB: r - mean with the KL folded in, whitened over the batch). The KL to the "
+               "reference model is a loss term (grpo_config['beta'] = the legacy kl_coef) instead of a reward penalty."
+               " Legacy settings without a counterpart there: {missing}.")
 
 
 def _dict_items(code: str) -> Dict[str, str]:
@@ -166,7 +166,8 @@ class _Retarget:
         self._drop_prelude(lambda line: "reward_model_path" not in line)
         if "lora_config" in p.helpers:
             p.helpers.remove("lora_config")
-            self._drop_prelude(lambda line: not line.startswith(("lora = ", "if lora:", '    train_model_config["lora"]')))
+            lora_lines = ("lora = ", "if lora:", '    train_model_config["lora"]')
+            self._drop_prelude(lambda line: not line.startswith(lora_lines))
             rank = next((f.dest for f in s.flags.values() if f.dest == "lora_rank"), None)
             self.missing.append("LoRA" + (" (--lora_rank)" if rank else ""))
             self.note("lora", "LoRA has no counterpart in ColossalChat's launch_distributed (train_model_config "
@@ -203,12 +204,12 @@ class _Retarget:
         self.kw["generate_config"] = _call(self.helper("colossalchat_generate_config"), self.backend,
                                            "response_tokens", temperature=gen.get("temperature"),
                                            top_k=gen.get("top_k"), top_p=gen.get("top_p"))
-        self.note("generation", "ColossalChat hands generate_config whole to the backend: vllm.SamplingParams (max_tokens,"
-                                " top_k -1 for no cut) or transformers' generate (max_new_tokens, do_sample, top_k 0 "
-                                "for no cut), and reads temperature and top_p itself; colossalchat_generate_config "
-                                "writes the keys of --inference_backend. ColossalChat 4f9953be3 also builds vLLM "
-                                "SamplingParams from this config in every producer, so run it there with "
-                                "--inference_backend vllm.", key="generate_config")
+        self.note("generation", "ColossalChat hands generate_config whole to the backend: "
+                                "vllm.SamplingParams (max_tokens, top_k -1 for no cut) or transformers' generate "
+                                "(max_new_tokens, do_sample, top_k 0 for no cut), and reads temperature and top_p "
+                                "itself; colossalchat_generate_config writes the keys of --inference_backend. "
+                                "ColossalChat 4f9953be3 also builds vLLM SamplingParams from this config in every "
+                                "producer, so run it there with --inference_backend vllm.", key="generate_config")
 
     def _algorithm(self) -> None:
         grpo = _dict_items(self.kw["grpo_config"])

@@ -164,6 +164,14 @@ def _table(name: str, table: Dict[str, Any], width: int = 120) -> List[str]:
         line = f"    {k!r}: {v!r},"
         if len(line) > width and isinstance(v, dict):
             out += [f"    {k!r}: {{"] + [f"        {ik!r}: {iv!r}," for ik, iv in v.items()] + ["    },"]
+        elif len(line) > width and isinstance(v, str):  # a long text: adjacent literals, one per line
+            pieces, current = [], ""
+            for word in re.findall(r"\S+\s*", v):
+                if current and len(repr(current + word)) > width - 12:
+                    pieces.append(current)
+                    current = ""
+                current += word
+            out += [f"    {k!r}: ("] + [f"        {piece!r}" for piece in pieces + [current]] + ["    ),"]
         else:
             out.append(line)
     return out + ["}", ""]
