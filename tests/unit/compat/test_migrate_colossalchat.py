@@ -125,8 +125,9 @@ def test_cli_target_writes_colossalchat_and_refuses_yaml(tmp_path, capsys):
     assert "--target coati_relay" in capsys.readouterr().err and not (tmp_path / "c.yaml").exists()
 
 
-def test_engine_accepts_the_written_call(tiny_model_path, tmp_path):
-    """The engine's checks (no actors) pass on the colossalchat target's keywords, both backends."""
+@pytest.mark.parametrize("algo", ["GRPO", "DAPO", "RLOO", "REINFORCE_PPB"])
+def test_engine_accepts_the_written_call(algo, tiny_model_path, tmp_path):
+    """The engine's checks (no actors) pass on the colossalchat target's keywords, every algorithm, both backends."""
     from coati_relay.config import build_run_config
     from coati_relay.toy import write_toy_dataset
 
@@ -134,8 +135,9 @@ def test_engine_accepts_the_written_call(tiny_model_path, tmp_path):
     m = migrate_file(LEGACY / "ppo_many_roles.py", target="colossalchat")
     for backend in ("vllm", "transformers"):
         flags = {"pretrain": tiny_model_path, "critic_pretrain": tiny_model_path, "prompt_path": str(csv_path),
-                 "prompt_tokens": 96, "max_length": 112, "num_generations": 2, "inference_backend": backend}
+                 "prompt_tokens": 96, "max_length": 112, "num_generations": 2, "inference_backend": backend,
+                 "algo": algo}
         write_prompts_jsonl(str(csv_path))
         cfg = build_run_config(**m.launch_kwargs(flags))
-        assert cfg.core_algo == "GRPO" and cfg.data.num_prompts == 32 and cfg.sampling.max_new_tokens == 16
+        assert cfg.core_algo == algo and cfg.data.num_prompts == 32 and cfg.sampling.max_new_tokens == 16
         assert cfg.data.system_prompt == SYSTEM_PROMPTS["think_answer_tags"]
