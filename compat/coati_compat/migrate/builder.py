@@ -17,7 +17,11 @@ WANDB_FLAGS = ("use_wandb", "wandb")
 
 @dataclass
 class Plan:
-    """What the migrated script holds. Code strings read ``args.<flag>`` and the helpers named in ``helpers``."""
+    """What the migrated script holds. Code strings read ``args.<flag>`` and the helpers named in ``helpers``.
+
+    target: whose ``launch_distributed`` the call is written for (``coati_relay`` or ``colossalchat``);
+    main_prelude: lines ``main()`` runs between parsing the flags and the launch.
+    """
 
     script_name: str
     legacy_flags: List[str] = field(default_factory=list)
@@ -27,6 +31,8 @@ class Plan:
     helpers: List[str] = field(default_factory=list)
     notes: List[Note] = field(default_factory=list)
     untranslated: List[str] = field(default_factory=list)
+    target: str = "coati_relay"
+    main_prelude: List[str] = field(default_factory=list)
 
 
 class MappingContext:

@@ -31,7 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", default=None,
                         help="write the migrated script to this file, or into this directory under the legacy "
                         "script's name (default: stdout)")
-    parser.add_argument("--yaml", default=None, help="also write a YAML config for `coati-relay run` here")
+    parser.add_argument("--target", default="coati_relay", choices=["coati_relay", "colossalchat"],
+                        help="whose launch_distributed the call is written for: coati_relay (this engine, PPO "
+                        "included; the default) or colossalchat (ColossalChat's coati.distributed: the GRPO family, "
+                        "rule-based rewards, JSONL prompts; runs on coati-relay too)")
+    parser.add_argument("--yaml", default=None, help="also write a YAML config for `coati-relay run` here "
+                        "(target coati_relay only)")
     parser.add_argument("--set", action="append", default=[], metavar="FLAG=VALUE",
                         help="a legacy flag's value for the YAML (repeatable), e.g. --set pretrain=/models/actor")
 
@@ -48,7 +53,10 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return EXIT_BAD_INPUT
     try:
-        migration = migrate_file(source)
+        if args.yaml and args.target != "coati_relay":
+            raise ValueError(f"--yaml writes a config for `coati-relay run` and goes with --target coati_relay; "
+                             f"with --target {args.target}, run the migrated script itself")
+        migration = migrate_file(source, target=args.target)
         yaml_text = migration.yaml(_flag_pairs(args.set)) if args.yaml else None
     except (FileNotFoundError, ValueError) as exc:
         print(f"migrate: {exc}", file=sys.stderr)

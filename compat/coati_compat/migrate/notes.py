@@ -34,6 +34,8 @@ TOPICS = {
     "four-role": "four-role scripts (own Ray actors for policy, critic, reference, reward)",
     "unused-flags": "command-line flags without effect",
     "unread": "values the rewriter could not read",
+    "ppo-to-grpo": "PPO becomes the GRPO family (--target colossalchat)",
+    "rewards": "the reward model becomes a rule-based reward (--target colossalchat)",
 }
 
 

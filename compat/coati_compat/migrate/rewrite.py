@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
-from coati_compat.migrate import emitted
+from coati_compat.migrate import emitted, emitted_colossalchat
 from coati_compat.migrate.analyze import analyze_source, nothing_to_migrate
+from coati_compat.migrate.colossalchat import KWARG_ORDER as COLOSSALCHAT_ORDER
+from coati_compat.migrate.colossalchat import to_colossalchat
 from coati_compat.migrate.four_role import build_four_role_plan, is_four_role
 from coati_compat.migrate.mapping import Plan, build_plan
 from coati_compat.migrate.notes import Note
@@ -30,7 +32,10 @@ KWARG_ORDER = ("num_producers", "num_proc_per_producer", "num_consumer_procs", "
                "inference_backend", "num_generations", "core_algo", "project_name", "critic_model_config",
                "reward_model_config", "run_dir", "report_to")
 WIDTH = 116
-_HELPER_TABLES = {"legacy_plugin_config": "LEGACY_STRATEGY_PLUGINS", "lora_config": "LORA_TARGET_MODULES"}
+TARGETS = ("coati_relay", "colossalchat")
+_HELPER_TABLES = {"legacy_plugin_config": "LEGACY_STRATEGY_PLUGINS", "lora_config": "LORA_TARGET_MODULES",
+                  "legacy_hybrid_config": "LEGACY_STRATEGY_HYBRID", "system_prompt": "SYSTEM_PROMPTS"}
+_HELPER_MODULES = (emitted, emitted_colossalchat)
 
 
 @dataclass
@@ -40,12 +45,14 @@ class Migration:
     script:       the migrated script's source.
     notes:        every NOTE it holds (also as comments in ``script``).
     untranslated: parts that need hand work (custom training steps, custom makers, missing actors).
+    target:       whose launch_distributed the call is for: ``coati_relay`` (this engine) or ``colossalchat``.
     """
 
     legacy_name: str
     script: str
     notes: List[Note]
     untranslated: List[str]
+    target: str = "coati_relay"
 
     @property
     def complete(self) -> bool:
@@ -74,6 +81,9 @@ class Migration:
         """A YAML file of ``launch_distributed`` keywords for ``coati-relay run``, with the NOTEs as comments."""
         import yaml
 
+        if self.target != "coati_relay":
+            raise ValueError(f"--yaml writes a config for `coati-relay run` (target coati_relay); ColossalChat has no "
+                             f"YAML runner: run the migrated {self.target} script itself")
         kwargs = self.launch_kwargs(flags)
         if isinstance(flags, Mapping):
             flags = [f"--{k} {v}" for k, v in flags.items()]
@@ -154,9 +164,21 @@ def _table(name: str, table: Dict[str, Any], width: int = 120) -> List[str]:
         line = f"    {k!r}: {v!r},"
         if len(line) > width and isinstance(v, dict):
             out += [f"    {k!r}: {{"] + [f"        {ik!r}: {iv!r}," for ik, iv in v.items()] + ["    },"]
+        elif len(line) > width and isinstance(v, str):  # a long text: adjacent literals, one per line
+            pieces, current = [], ""
+            for word in re.findall(r"\S+\s*", v):
+                if current and len(repr(current + word)) > width - 12:
+                    pieces.append(current)
+                    current = ""
+                current += word
+            out += [f"    {k!r}: ("] + [f"        {piece!r}" for piece in pieces + [current]] + ["    ),"]
         else:
             out.append(line)
     return out + ["}", ""]
+
+
+def _emitted(name: str) -> Any:
+    return next(getattr(m, name) for m in _HELPER_MODULES if hasattr(m, name))
 
 
 def _helpers(plan: Plan) -> List[str]:
@@ -164,39 +186,76 @@ def _helpers(plan: Plan) -> List[str]:
     for name in sorted(plan.helpers):
         if name in _HELPER_TABLES:
             table = _HELPER_TABLES[name]
-            out += _table(table, getattr(emitted, table)) + [""]
+            out += _table(table, _emitted(table)) + [""]
     for name in sorted(plan.helpers):
-        out += inspect.getsource(getattr(emitted, name)).rstrip().splitlines() + ["", ""]
+        out += inspect.getsource(_emitted(name)).rstrip().splitlines() + ["", ""]
     return out
+
+
+def _main(plan: Plan) -> List[str]:
+    """``main()``: this engine's, or ColossalChat's with the one import line to change and its Ray start."""
+    if plan.target == "coati_relay":
+        return ["def main(argv=None):",
+                "    from coati_relay import launch_distributed  # imported here: reading launch_kwargs stays cheap",
+                "",
+                "    args = build_parser().parse_args(argv)",
+                "    result = launch_distributed(**launch_kwargs(args))",
+                "    print(result.summary)",
+                "    return result"]
+    return ["def main(argv=None):",
+            "    # To run on ColossalChat instead of coati-relay, change this one line to:",
+            "    #     from coati.distributed.launch import launch_distributed",
+            "    from coati_relay import launch_distributed  # imported here: reading launch_kwargs stays cheap",
+            "",
+            "    args = build_parser().parse_args(argv)"] + [f"    {line}" for line in plan.main_prelude] + [
+            '    if not launch_distributed.__module__.startswith("coati_relay"):  # ColossalChat needs Ray started',
+            "        import ray",
+            "",
+            '        ray.init(ignore_reinit_error=True, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})',
+            "    result = launch_distributed(**launch_kwargs(args))",
+            "    if result is not None:  # ColossalChat's launch_distributed returns None, coati-relay's a RunResult",
+            "        print(result.summary)",
+            "    return result"]
 
 
 def render(plan: Plan) -> str:
     """The migrated script's source for ``plan``."""
     stem = re.sub(r"[^\w.-]", "_", plan.script_name.rsplit(".", 1)[0])
-    keys = [k for k in KWARG_ORDER if k in plan.kwargs] + [k for k in plan.kwargs if k not in KWARG_ORDER]
+    cc = plan.target == "colossalchat"
+    order = COLOSSALCHAT_ORDER if cc else KWARG_ORDER
+    keys = [k for k in order if k in plan.kwargs] + [k for k in plan.kwargs if k not in order]
     notes = list(dict.fromkeys((n.topic, n.text, n.key, n.line) for n in plan.notes))
     notes = [Note(*n) for n in notes]
     header = [n for n in notes if n.key not in plan.kwargs]
     new_flags = ", ".join(f.split('"')[1] for f in plan.new_flags)
     kept = ("The legacy command-line flags keep their names and defaults; added" if plan.legacy_flags
             else "The legacy script took no command-line flags; these are new")
-    about = (f"Written by `python -m coati_compat.migrate {stem}.py`. {kept}: {new_flags}. Every "
+    command = "--target colossalchat " if cc else ""
+    about = (f"Written by `python -m coati_compat.migrate {command}{stem}.py`. {kept}: {new_flags}. Every "
              f"`# NOTE:` says what happened to a legacy setting without an exact counterpart, with a link into the "
              f"migration guide.")
-    lines = [f'"""{stem}, migrated from the legacy coati.ray API to coati_relay.launch_distributed.', ""]
+    if cc:
+        about = ("The call is ColossalChat's launch_distributed (coati.distributed, ColossalAI 4f9953be3): it runs on "
+                 "coati-relay as written and on ColossalChat after the one import line in main() is changed. "
+                 + about)
+    target = "ColossalChat's launch_distributed" if cc else "coati_relay.launch_distributed"
+    lines = [f'"""{stem}, migrated from the legacy coati.ray API to {target}.', ""]
     lines += textwrap.wrap(about, width=WIDTH, break_on_hyphens=False) + ['"""']
     lines += [
         "from __future__ import annotations",
         "",
         "import argparse",
     ]
-    lines += ["import math"] if "round_sizes" in plan.helpers else []
+    imports = ["argparse"] + (["csv", "json"] if "write_prompts_jsonl" in plan.helpers else [])
+    imports += ["math"] if "round_sizes" in plan.helpers else []
+    imports += ["os"] if "write_prompts_jsonl" in plan.helpers else []
+    lines += [f"import {name}" for name in imports if name != "argparse"]
     lines += ["from typing import Any, Dict", ""]
     for note in sorted(header, key=lambda n: not n.text.startswith("NOT TRANSLATED")):
         lines += note.comment()
     lines += ["", ""] + _helpers(plan)
     lines += ["def build_parser() -> argparse.ArgumentParser:",
-              f'    parser = argparse.ArgumentParser(description="{stem} on coati_relay.launch_distributed")']
+              f'    parser = argparse.ArgumentParser(description="{stem} on {target}")']
     for flag in plan.legacy_flags + plan.new_flags:
         lines += fit_line("    ", flag)
     lines += ["    return parser", "", ""]
@@ -212,16 +271,7 @@ def render(plan: Plan) -> str:
                 lines += note.comment("        ")
         lines += fit_line(f"        {key}=", plan.kwargs[key], ",")
     lines += ["    )", "", ""]
-    lines += ["def main(argv=None):",
-              "    from coati_relay import launch_distributed  # imported here: reading launch_kwargs stays cheap",
-              "",
-              "    args = build_parser().parse_args(argv)",
-              "    result = launch_distributed(**launch_kwargs(args))",
-              "    print(result.summary)",
-              "    return result",
-              "", "",
-              'if __name__ == "__main__":',
-              "    main()", ""]
+    lines += _main(plan) + ["", "", 'if __name__ == "__main__":', "    main()", ""]
     return "\n".join(lines)
 
 
@@ -241,8 +291,15 @@ def double_quotes(code: str) -> str:
     return "".join(lines)
 
 
-def migrate_source(text: str, name: str = "legacy_script.py") -> Migration:
-    """Migrates the source of a legacy launch script (it is parsed, never run)."""
+def migrate_source(text: str, name: str = "legacy_script.py", target: str = "coati_relay") -> Migration:
+    """Migrates the source of a legacy launch script (it is parsed, never run).
+
+    target: ``coati_relay`` (this engine, PPO with a critic and a reward model as the legacy script had) or
+    ``colossalchat`` (ColossalChat's launch_distributed: the GRPO family, rule-based rewards; see
+    `coati_compat.migrate.colossalchat`).
+    """
+    if target not in TARGETS:
+        raise ValueError(f"unknown migration target {target!r}; use one of {list(TARGETS)}")
     script = analyze_source(text, name, require_actors=False)
     if script.makers or script.trainers:
         plan = build_plan(script)
@@ -250,14 +307,17 @@ def migrate_source(text: str, name: str = "legacy_script.py") -> Migration:
         plan = build_four_role_plan(script)
     else:
         raise ValueError(nothing_to_migrate(name))
+    if target == "colossalchat":
+        plan = to_colossalchat(plan, script)
     migrated = double_quotes(render(plan))
     compile(migrated, f"<migrated {name}>", "exec")  # the rewriter's own output must always be valid Python
-    return Migration(legacy_name=name, script=migrated, notes=plan.notes, untranslated=plan.untranslated)
+    return Migration(legacy_name=name, script=migrated, notes=plan.notes, untranslated=plan.untranslated,
+                     target=target)
 
 
-def migrate_file(path: Union[str, Path]) -> Migration:
-    """Migrates the legacy launch script at ``path``."""
+def migrate_file(path: Union[str, Path], target: str = "coati_relay") -> Migration:
+    """Migrates the legacy launch script at ``path`` (``target``: see `migrate_source`)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"legacy script {path} does not exist; pass the path of a .py launch script")
-    return migrate_source(path.read_text(encoding="utf-8"), name=path.name)
+    return migrate_source(path.read_text(encoding="utf-8"), name=path.name, target=target)
