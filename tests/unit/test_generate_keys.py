@@ -20,6 +20,7 @@ def _sampling(gen, backend, core_algo="GRPO", prompt_tokens=32):
     return build_sampling(errors, dict(gen), {}, backend, core_algo, prompt_tokens), errors
 
 
+@pytest.mark.slow  # imports vLLM (about 17 s)
 def test_vllm_key_table_is_the_installed_sampling_params():
     vllm = pytest.importorskip("vllm")
     installed = {p for p in inspect.signature(vllm.SamplingParams).parameters if not p.startswith("_")}
