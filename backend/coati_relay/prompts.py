@@ -3,14 +3,19 @@
 Sources that `load_prompts` reads:
 
 - ``.jsonl`` in ColossalChat's format, one object a line:
-  ``{"messages": {"role": "user", "content": "..."}, "gt_answer": "..."}``. ``messages`` is one message or a list of
-  them. The tokenizer's chat template is applied with ``add_generation_prompt=True``.
-- ``.csv`` with a ``prompt`` column, the legacy examples' format: raw text, no chat template unless asked for. Every
-  other column (e.g. ``gt_answer``) is kept as per-prompt info.
-- A list of strings (raw text) or a list of dicts shaped like the jsonl lines.
+  ``{"messages": {"role": "user", "content": "..."}, "gt_answer": "..."}``. As ColossalChat's
+  ``RawConversationDataset`` does, each prompt is the tokenizer's chat template (``add_generation_prompt=True``)
+  applied to ``[system message, the message]``; a ``system_prompt`` of None means ColossalChat's default
+  (`coati_relay.rewards.system_prompts.DEFAULT_SYSTEM_PROMPT`). Extension: ``messages`` may also be a list of
+  messages; it then gets the system message unless it starts with its own.
+- ``.csv`` with a ``prompt`` column, the legacy examples' format (extension): raw text, no chat template unless asked
+  for, no system prompt unless given. Every other column (e.g. ``gt_answer``) is kept as per-prompt info.
+- A list of strings (raw text) or a list of dicts shaped like the jsonl lines (extension: the chat template, and a
+  system message only where ``system_prompt`` is given).
 
-Prompts longer than ``max_prompt_tokens`` keep their *last* ``max_prompt_tokens`` tokens (the left side is cut), so
-the generation prompt at the end survives. ColossalChat kept the first tokens and lost it.
+Prompts longer than ``max_prompt_tokens`` keep their *first* ``max_prompt_tokens`` tokens, as ColossalChat does (an
+over-long prompt loses its end, the generation prompt included; a warning counts them). The prompts are held
+unpadded; the inference backends pad them on the left (`coati_relay.inference.rollout_building.pad_prompts`).
 """
 from __future__ import annotations
 
@@ -20,9 +25,11 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
+
+from coati_relay.rewards.system_prompts import DEFAULT_SYSTEM_PROMPT
 
 logger = logging.getLogger(__name__)
 
@@ -107,10 +114,19 @@ def _read_csv(path: Path) -> Tuple[List[Dict[str, str]], List[str]]:
     return rows, wheres
 
 
-def _render_chat(tokenizer: Any, messages: List[Dict[str, str]], system_prompt: Optional[str]) -> str:
-    if system_prompt is not None and messages[0]["role"] != "system":
-        messages = [{"role": "system", "content": system_prompt}] + messages
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+def _with_system(messages: List[Dict[str, str]], system_prompt: Optional[str], one_message: bool
+                 ) -> List[Dict[str, str]]:
+    """ColossalChat's ``[system, message]`` for one message; a list keeps a system message of its own."""
+    if system_prompt is None or (not one_message and messages[0]["role"] == "system"):
+        return messages
+    return [{"role": "system", "content": system_prompt}] + messages
+
+
+def _chat_ids(tokenizer: Any, messages: List[Dict[str, str]]) -> Tuple[str, List[int]]:
+    """The chat template's text and its token ids (tokenised by the template call itself, as ColossalChat does)."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return text, list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
 
 
 def load_prompts(source: PromptSource, tokenizer: Any, max_prompt_tokens: int = 512,
@@ -118,10 +134,10 @@ def load_prompts(source: PromptSource, tokenizer: Any, max_prompt_tokens: int = 
     """Reads prompts and tokenises them.
 
     source:            a ``.jsonl`` or ``.csv`` path, a list of prompt strings, or a list of jsonl-style dicts.
-    max_prompt_tokens: longer prompts keep their last ``max_prompt_tokens`` tokens (left truncation keeps the
-                       generation prompt).
-    system_prompt:     prepended as a ``system`` message to conversations that do not start with one (needs the
-                       chat template).
+    max_prompt_tokens: longer prompts keep their first ``max_prompt_tokens`` tokens (ColossalChat's truncation).
+    system_prompt:     the ``system`` message before each conversation (a message list that starts with its own
+                       keeps that one); needs the chat template. None: ColossalChat's default for a ``.jsonl`` path
+                       (`DEFAULT_SYSTEM_PROMPT`), no system message for the other sources.
     chat_template:     None applies the tokenizer's chat template to message sources (jsonl, dicts) and not to raw
                        text (csv, strings); True applies it to raw text too, as one user message. Message sources
                        always need it.
@@ -136,6 +152,7 @@ def load_prompts(source: PromptSource, tokenizer: Any, max_prompt_tokens: int = 
         if suffix == ".jsonl":
             records, wheres = _read_jsonl(path)
             is_chat = True
+            system_prompt = DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt
         elif suffix == ".csv":
             records, wheres = _read_csv(path)
             is_chat = False
@@ -172,31 +189,40 @@ def load_prompts(source: PromptSource, tokenizer: Any, max_prompt_tokens: int = 
         raise ValueError(f"{label}: tokenizer {type(tokenizer).__name__} has no chat template; set "
                          "tokenizer.chat_template (a Jinja string), or for raw-text prompts pass chat_template=False")
 
+    if system_prompt is not None and not isinstance(system_prompt, str):
+        raise TypeError(f"{label}: system_prompt must be a string or None, got {type(system_prompt).__name__}")
     texts: List[str] = []
+    ids: List[List[int]] = []
     info: Dict[str, List[Any]] = {}
     for i, (record, where) in enumerate(zip(records, wheres)):
         if is_chat:
             messages, extras = _messages_of(record, where)
+            one_message = isinstance(record["messages"], dict)
         else:
             extras = {k: v for k, v in record.items() if k != "prompt"}
-            messages = [{"role": "user", "content": record["prompt"] or ""}]
-        texts.append(_render_chat(tokenizer, messages, system_prompt) if use_template else messages[0]["content"])
+            messages, one_message = [{"role": "user", "content": record["prompt"] or ""}], True
+        if use_template:  # chat templates write their own special tokens
+            text, token_ids = _chat_ids(tokenizer, _with_system(messages, system_prompt, one_message))
+            texts.append(text)
+            ids.append(token_ids)
+        else:
+            texts.append(messages[0]["content"])
         for key, value in extras.items():
             info.setdefault(key, [None] * i).append(value)
         for values in info.values():
             values.extend([None] * (i + 1 - len(values)))
-
-    # Chat templates write their own special tokens; raw text gets the tokenizer's usual ones.
-    ids = tokenizer(texts, add_special_tokens=not use_template)["input_ids"]
+    if not use_template:  # raw text gets the tokenizer's usual special tokens
+        ids = tokenizer(texts, add_special_tokens=True)["input_ids"]
     empty = [wheres[i] for i, t in enumerate(ids) if len(t) == 0]
     if empty:
         raise ValueError(f"{empty[0]}: the prompt tokenises to 0 tokens ({len(empty)} such prompts); remove empty "
                          "prompts or give them text")
     truncated = sum(len(t) > max_prompt_tokens for t in ids)
     if truncated:
-        logger.warning("%s: %d of %d prompts exceed max_prompt_tokens=%d; kept their last %d tokens",
+        logger.warning("%s: %d of %d prompts exceed max_length=%d; kept their first %d tokens, as ColossalChat "
+                       "does (the end of the prompt, its generation prompt included, is lost): raise max_length",
                        label, truncated, len(ids), max_prompt_tokens, max_prompt_tokens)
-    prompt_ids = [list(t[-max_prompt_tokens:]) for t in ids]
+    prompt_ids = [list(t[:max_prompt_tokens]) for t in ids]
     return PromptDataset(prompt_ids=prompt_ids, info={**info, "prompt_text": texts})
 
 

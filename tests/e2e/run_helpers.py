@@ -14,7 +14,7 @@ def run_kwargs(model, data, run_dir, algo="GRPO", backend="vllm", rounds=12, **o
     kw = dict(
         num_producers=2, num_proc_per_producer=1, num_consumer_procs=2, num_episodes=rounds,
         inference_batch_size=4, inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
-        train_dataset_config={"path": str(data), "max_length": 32},
+        train_dataset_config={"path": str(data), "max_length": 32, "system_prompt": ""},
         inference_model_config={"path": model}, train_model_config={"path": model},
         generate_config={"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0, "seed": 0},
         grpo_config={"lr": 5e-3, "critic_lr": 5e-3, "beta": 0.0, "kl_coef": 0.0, "reward_fn_type": "toy_letter"},

@@ -26,7 +26,7 @@ def test_run_config_file_then_plot(tiny_model_path, tmp_path):
     config = dict(
         num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=3,
         inference_batch_size=8, inference_microbatch_size=8, train_batch_size=8, train_minibatch_size=8,
-        train_dataset_config={"path": str(data), "max_length": 32},
+        train_dataset_config={"path": str(data), "max_length": 32, "system_prompt": ""},
         inference_model_config={"path": tiny_model_path}, train_model_config={"path": tiny_model_path},
         generate_config={"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0},
         grpo_config={"lr": 1e-3, "beta": 0.01, "reward_fn_type": "toy_letter"},

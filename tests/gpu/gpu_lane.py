@@ -82,7 +82,7 @@ def run_kwargs(model: str, data: str, run_dir: Path, algo: str, backend: str, **
     kw = dict(
         num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
         inference_batch_size=4, inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
-        train_dataset_config={"path": str(data), "max_length": 32},
+        train_dataset_config={"path": str(data), "max_length": 32, "system_prompt": ""},
         inference_model_config={"path": model, **engine}, train_model_config={"path": model},
         generate_config={"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0}, seed=0,
         grpo_config={"lr": 1e-3, "critic_lr": 1e-3, "reward_fn_type": "toy_letter"},

@@ -165,9 +165,10 @@ _ROUND = textwrap.dedent("""
     cfg = build_run_config(
         num_producers=1, num_proc_per_producer=1, num_consumer_procs=world, num_episodes=1,
         inference_batch_size=prompts * world, inference_microbatch_size=prompts, train_batch_size=prompts,
-        train_minibatch_size=prompts, train_dataset_config={"path": data, "max_length": 32},
+        train_minibatch_size=prompts, train_dataset_config={"path": data, "max_length": 32, "system_prompt": ""},
         inference_model_config={"path": model_path}, train_model_config={"path": model_path},
-        generate_config={"max_new_tokens": 8}, grpo_config={"lr": 1e-3, "beta": beta, "train_microbatch_size": micro},
+        generate_config={"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0},
+        grpo_config={"lr": 1e-3, "beta": beta, "train_microbatch_size": micro},
         plugin_config={"plugin": plugin}, num_generations=batch.group_size, progress=False)
     reference = load_causal_lm(model_path) if beta > 0 else None
     worker = ConsumerWorker.for_models(cfg, load_causal_lm(model_path), reference=reference, rank=rank)
@@ -271,9 +272,9 @@ _SYNCS = textwrap.dedent("""
         cfg = build_run_config(
             num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
             inference_batch_size=prompts, inference_microbatch_size=prompts, train_batch_size=prompts,
-            train_minibatch_size=prompts, train_dataset_config={"path": data, "max_length": 32},
+            train_minibatch_size=prompts, train_dataset_config={"path": data, "max_length": 32, "system_prompt": ""},
             inference_model_config={"path": model_path}, train_model_config={"path": model_path},
-            generate_config={"max_new_tokens": 8},
+            generate_config={"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0},
             grpo_config={"lr": 1e-3, "beta": 0.0, "train_microbatch_size": micro},
             plugin_config={"plugin": "ddp"}, num_generations=rollout.group_size, progress=False)
         worker = ConsumerWorker.for_models(cfg, load_causal_lm(model_path))

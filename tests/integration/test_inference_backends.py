@@ -302,3 +302,64 @@ def test_backend_around_a_module_shares_its_parameters(tiny_model_path):
     assert {n: p.data_ptr() for n, p in model.named_parameters()} == own
     with pytest.raises(RuntimeError, match="in place"):
         backend.load_weights(1, {"model.norm.weight": model.model.norm.weight.detach().clone()})
+
+
+# ---------------------------------------------------------------- generate_config keys with each backend's meaning
+
+
+def _first_stop(tokenizer, ids, stop: str, anywhere: bool, skip_special: bool) -> int:
+    """Tokens up to and including the one whose text completes ``stop`` (transformers: text ends with it; vLLM: it
+    occurs anywhere in the new text), or all of ``ids``."""
+    for k in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:k], skip_special_tokens=skip_special)
+        if (stop in text) if anywhere else text.endswith(stop):
+            return k
+    return len(ids)
+
+
+def test_stop_strings_stop_responses(backend):
+    # transformers' stop_strings / vLLM's stop: greedy rows, so the stopped rows are prefixes of the free ones
+    greedy = dataclasses.replace(BASE, temperature=0.0, ignore_eos=True, max_new_tokens=16)
+    backend.sampling = greedy
+    free = backend.generate(PROMPTS, 1)
+    first = free.response_ids[0, :free.response_lengths[0]].tolist()
+    stop = backend.tokenizer.decode(first[:6], skip_special_tokens=True)[-3:]
+    assert len(stop.strip()) >= 2, stop
+    backend.sampling = dataclasses.replace(greedy, stop_strings=[stop])
+    cut = backend.generate(PROMPTS, 1)
+    is_vllm = isinstance(backend, VLLMBackend)
+    stopped = 0
+    for i in range(len(PROMPTS)):
+        ids = free.response_ids[i, :free.response_lengths[i]].tolist()
+        want = _first_stop(backend.tokenizer, ids, stop, anywhere=is_vllm, skip_special=is_vllm)
+        got = cut.response_ids[i, :cut.response_lengths[i]].tolist()
+        assert got == ids[:want], (i, stop, got, ids)
+        stopped += want < len(ids)
+    assert stopped >= 1 and cut.response_lengths[0] <= 6
+    assert stop in backend.tokenizer.decode(cut.response_ids[0, :cut.response_lengths[0]].tolist(),
+                                            skip_special_tokens=True)
+
+
+def test_do_sample_false_decodes_greedily(shared_backend, backend):
+    if isinstance(backend, VLLMBackend):
+        with pytest.raises(ValueError, match="do_sample=False is transformers' greedy switch"):
+            backend.sampling = dataclasses.replace(BASE, do_sample=False)
+        return
+    backend.sampling = dataclasses.replace(BASE, temperature=0.0)
+    greedy = backend.generate(PROMPTS, 2)
+    backend.sampling = dataclasses.replace(BASE, do_sample=False)
+    assert torch.equal(backend.generate(PROMPTS, 2).response_ids, greedy.response_ids)
+
+
+def test_vllm_sampling_params_pass_through(backend):
+    # a SamplingParams keyword the engine does not read itself (min_tokens) reaches vLLM; transformers refuses it
+    stops = list(range(2, 300))
+    options = dataclasses.replace(BASE, stop_token_ids=stops, options={"min_tokens": 5})
+    if not isinstance(backend, VLLMBackend):
+        with pytest.raises(ValueError, match="vllm.SamplingParams keywords"):
+            backend.sampling = options
+        return
+    backend.sampling = dataclasses.replace(BASE, stop_token_ids=stops)
+    assert (backend.generate(PROMPTS, 4).response_lengths < 5).any()
+    backend.sampling = options
+    assert (backend.generate(PROMPTS, 4).response_lengths >= 5).all()

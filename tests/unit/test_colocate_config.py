@@ -17,9 +17,10 @@ def kwargs(files, **over):
     kw = dict(
         num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
         inference_batch_size=4, inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
-        train_dataset_config={"path": files["data"], "max_length": 32},
+        train_dataset_config={"path": files["data"], "max_length": 32, "system_prompt": ""},
         inference_model_config={"path": files["model"]}, train_model_config={"path": files["model"]},
-        generate_config={"max_new_tokens": 8}, grpo_config={"lr": 1e-3, "reward_fn_type": "toy_letter"},
+        generate_config={"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0},
+        grpo_config={"lr": 1e-3, "reward_fn_type": "toy_letter"},
         plugin_config={}, inference_backend="transformers", num_generations=4, run_dir=str(files["dir"] / "run"),
         colocate=True,
     )

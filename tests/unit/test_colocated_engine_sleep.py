@@ -75,8 +75,10 @@ def test_the_engine_sleeps_while_the_policy_trains_and_wakes_before_the_weights_
     result = launch_distributed(
         num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1, inference_batch_size=4,
         inference_microbatch_size=2, train_batch_size=4, train_minibatch_size=4,
-        train_dataset_config={"path": str(data), "max_length": 32}, inference_model_config={"path": tiny_model_path},
-        train_model_config={"path": tiny_model_path}, generate_config={"max_new_tokens": 4},
+        train_dataset_config={"path": str(data), "max_length": 32, "system_prompt": ""},
+        inference_model_config={"path": tiny_model_path},
+        train_model_config={"path": tiny_model_path},
+        generate_config={"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0},
         grpo_config={"reward_fn_type": "toy_letter"}, plugin_config={"plugin": "ddp"}, inference_backend="vllm",
         num_generations=2, colocate=True, run_dir=str(tmp_path / "run"), progress=False)
     assert [h["version"] for h in result.history] == [1, 2]

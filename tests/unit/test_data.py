@@ -6,6 +6,7 @@ import json
 import pytest
 
 from coati_relay.prompts import PromptSampler, load_prompts
+from coati_relay.rewards.system_prompts import DEFAULT_SYSTEM_PROMPT
 from coati_relay.toy import toy_prompt_text, write_toy_dataset
 
 
@@ -28,16 +29,28 @@ def _decode(tokenizer, ids):
 # ---------------------------------------------------------------- formats
 
 
-def test_jsonl_single_message_gets_chat_template(tokenizer, tmp_path):
+def test_jsonl_single_message_gets_chat_template_with_the_default_system_prompt(tokenizer, tmp_path):
+    # ColossalChat: [system, message] through the chat template, system_prompt None -> its default prompt
     path = write_toy_dataset(tmp_path / "p.jsonl", num_prompts=6, letters="ae")
-    ds = load_prompts(path, tokenizer)
+    ds = load_prompts(path, tokenizer, max_prompt_tokens=4096)
     assert len(ds) == 6
     text = _decode(tokenizer, ds.prompt_ids[0])
     letter = ds.info["gt_answer"][0]
-    assert text == f"<|user|>{toy_prompt_text(letter)}<|end|><|assistant|>"
+    assert text == f"<|system|>{DEFAULT_SYSTEM_PROMPT}<|end|><|user|>{toy_prompt_text(letter)}<|end|><|assistant|>"
     assert ds.info["prompt_text"][0] == text
     assert set(ds.info["gt_answer"]) <= {"a", "e"}
-    assert ds.prompt_ids[0][-1] == tokenizer.convert_tokens_to_ids("<|assistant|>")
+    messages = [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
+                {"role": "user", "content": toy_prompt_text(letter)}]
+    assert ds.prompt_ids[0] == tokenizer.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+
+
+def test_jsonl_explicit_system_prompt_replaces_the_default(tokenizer, tmp_path):
+    path = write_toy_dataset(tmp_path / "p.jsonl", num_prompts=2, letters="a")
+    ds = load_prompts(path, tokenizer, system_prompt="be brief")
+    assert _decode(tokenizer, ds.prompt_ids[0]) == (
+        f"<|system|>be brief<|end|><|user|>{toy_prompt_text('a')}<|end|><|assistant|>")
+    empty = load_prompts(path, tokenizer, system_prompt="")  # an empty system message, as in ColossalChat
+    assert _decode(tokenizer, empty.prompt_ids[0]).startswith("<|system|><|end|><|user|>")
 
 
 def test_jsonl_message_list_and_system_prompt(tokenizer, tmp_path):
@@ -56,16 +69,22 @@ def test_jsonl_message_list_and_system_prompt(tokenizer, tmp_path):
     assert ds.info["test_cases"] == [None, {"inputs": ["1"], "outputs": ["2"]}]
 
 
-def test_truncation_keeps_generation_prompt(tokenizer, caplog):
+def test_truncation_keeps_the_first_max_length_tokens(tokenizer, tmp_path, caplog):
+    # ColossalChat keeps the first max_length tokens: an over-long prompt loses its end (generation prompt included)
     long = " ".join(["hello world"] * 50)
     ds = load_prompts([{"messages": {"role": "user", "content": long}}, {"messages": {"role": "user", "content": "a"}}],
                       tokenizer, max_prompt_tokens=8)
     assert len(ds.prompt_ids[0]) == 8
-    assert ds.prompt_ids[0][-1] == tokenizer.convert_tokens_to_ids("<|assistant|>")
     full = tokenizer(ds.info["prompt_text"][0], add_special_tokens=False)["input_ids"]
-    assert ds.prompt_ids[0] == full[-8:]
+    assert ds.prompt_ids[0] == full[:8]
+    assert ds.prompt_ids[0][-1] != tokenizer.convert_tokens_to_ids("<|assistant|>")
     assert len(ds.prompt_ids[1]) < 8
-    assert "1 of 2 prompts exceed max_prompt_tokens=8" in caplog.text
+    assert "1 of 2 prompts exceed max_length=8" in caplog.text and "kept their first 8 tokens" in caplog.text
+    # the default system prompt of a .jsonl path comes first, so a short max_length keeps only its start
+    path = write_toy_dataset(tmp_path / "p.jsonl", num_prompts=2, letters="a")
+    cut = load_prompts(path, tokenizer, max_prompt_tokens=16)
+    assert _decode(tokenizer, cut.prompt_ids[0]) == _decode(tokenizer, cut.prompt_ids[1])
+    assert _decode(tokenizer, cut.prompt_ids[0]).startswith("<|system|>You are")
 
 
 def test_csv_is_raw_text_unless_asked(tokenizer, tmp_path):
@@ -218,3 +237,23 @@ def test_sampler_errors():
         PromptSampler(0, 1)
     with pytest.raises(ValueError, match="task_index"):
         PromptSampler(4, 2).batch(-1)
+
+
+def test_prompts_reach_the_model_left_padded(tokenizer, tiny_model_path, tmp_path):
+    # ColossalChat left-pads prompts for generation; the pad columns are masked, so a prompt's greedy response is
+    # the one it gets alone
+    import torch
+
+    from coati_relay.inference import SamplingConfig, TransformersBackend
+
+    ds = load_prompts(["a", "write the letter b many times:"], tokenizer, max_prompt_tokens=32)
+    backend = TransformersBackend(tiny_model_path, SamplingConfig(max_new_tokens=6, temperature=0.0, ignore_eos=True))
+    both = backend.generate(ds.prompt_ids, 1)
+    short = len(ds.prompt_ids[0])
+    width = both.prompt_ids.size(1)
+    assert width == len(ds.prompt_ids[1]) > short
+    assert both.prompt_mask[0].tolist() == [0] * (width - short) + [1] * short
+    assert both.prompt_ids[0, width - short:].tolist() == ds.prompt_ids[0]
+    assert (both.prompt_ids[0, :width - short] == backend.pad_token_id).all()
+    alone = backend.generate(ds.prompt_ids[:1], 1)
+    assert torch.equal(both.response_ids[0], alone.response_ids[0])

@@ -40,8 +40,10 @@ def _config(model: str, tmp_path, **train_model_config):
     return build_run_config(
         num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1, inference_batch_size=4,
         inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
-        train_dataset_config={"path": data, "max_length": 32}, inference_model_config={"path": model},
-        generate_config={"max_new_tokens": 4}, train_model_config={"path": model, **train_model_config},
+        train_dataset_config={"path": data, "max_length": 32, "system_prompt": ""},
+        inference_model_config={"path": model},
+        generate_config={"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0},
+        train_model_config={"path": model, **train_model_config},
         grpo_config={"lr": 1e-3}, plugin_config={"plugin": "ddp"}, inference_backend="transformers",
         num_generations=2, core_algo="GRPO", run_dir=str(tmp_path / "run"), colocate=True)
 

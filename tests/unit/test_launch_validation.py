@@ -34,7 +34,7 @@ def good(files, **over):
     kw = dict(
         num_producers=2, num_proc_per_producer=1, num_consumer_procs=2, num_episodes=1,
         inference_batch_size=4, inference_microbatch_size=2, train_batch_size=2, train_minibatch_size=2,
-        train_dataset_config={"path": files["data"], "max_length": 32},
+        train_dataset_config={"path": files["data"], "max_length": 32, "system_prompt": ""},
         inference_model_config={"path": files["model"]},
         generate_config={"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0},
         train_model_config={"path": files["model"]},
@@ -324,7 +324,7 @@ def test_colossalchat_keys_without_effect_warn_once(files, caplog):
     ck._WARNED.clear()
     over = dict(grpo_config={"lr": 1e-3, "dynamic_batching": True, "skip_threshold": 20.0},
                 eval_interval=10, master_port=29506,
-                generate_config={"max_new_tokens": 8, "do_sample": True},
+                generate_config={"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0, "output_logits": True},
                 train_model_config={"path": files["model"], "use_flash_attention_2": True},
                 inference_model_config={"path": files["model"], "use_flash_attention_2": True})
     with caplog.at_level("WARNING", logger="coati_relay.config.keys"):
@@ -333,7 +333,7 @@ def test_colossalchat_keys_without_effect_warn_once(files, caplog):
     lines = [r.getMessage() for r in caplog.records]
     for key in ("grpo_config['dynamic_batching']", "grpo_config['skip_threshold']",
                 "launch_distributed['eval_interval']", "launch_distributed['master_port']",
-                "generate_config['do_sample']", "train_model_config['use_flash_attention_2']",
+                "generate_config['output_logits']", "train_model_config['use_flash_attention_2']",
                 "inference_model_config['use_flash_attention_2']"):
         assert sum(key in line and "no effect here" in line for line in lines) == 1, (key, lines)
 
@@ -342,7 +342,8 @@ def test_a_fixed_sampling_seed_warns_that_rounds_draw_the_same_numbers(files, ca
     with caplog.at_level("WARNING", logger="coati_relay.config.sampling"):
         build_run_config(**good(files, seed=3))
         assert not caplog.records
-        cfg = build_run_config(**good(files, generate_config={"max_new_tokens": 8, "seed": 3}))
+        cfg = build_run_config(**good(files, generate_config={"max_new_tokens": 8, "seed": 3, "temperature": 1.0,
+                                                                "top_p": 1.0}))
     assert cfg.sampling.seed == 3
     (record,) = caplog.records
     assert "every generate call draws the same random numbers" in record.getMessage()

@@ -170,8 +170,10 @@ def test_a_name_nobody_registered_is_refused_before_any_actor_starts(paths, doub
 def _launch_kwargs(model, data, **grpo):
     return dict(num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
                 inference_batch_size=4, inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
-                train_dataset_config={"path": data, "max_length": 32}, inference_model_config={"path": model},
-                train_model_config={"path": model}, generate_config={"max_new_tokens": 4},
+                train_dataset_config={"path": data, "max_length": 32, "system_prompt": ""},
+                inference_model_config={"path": model},
+                train_model_config={"path": model},
+                generate_config={"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0},
                 grpo_config={"reward_fn_type": "toy_letter", **grpo}, plugin_config={}, num_generations=2,
                 inference_backend="transformers", core_algo="GRPO", progress=False)
 

@@ -75,9 +75,10 @@ def test_unschedulable_run_fails_in_seconds_naming_the_role(ray_cluster, tiny_mo
         launch_distributed(
             num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1, inference_batch_size=4,
             inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
-            train_dataset_config={"path": str(data), "max_length": 32},
+            train_dataset_config={"path": str(data), "max_length": 32, "system_prompt": ""},
             inference_model_config={"path": tiny_model_path}, train_model_config={"path": tiny_model_path},
-            generate_config={"max_new_tokens": 4}, grpo_config={}, plugin_config={}, num_generations=2,
+            generate_config={"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0}, grpo_config={}, plugin_config={},
+            num_generations=2,
             role_resources={"producer": {"inference_node": 1}}, run_dir=str(tmp_path / "run"), progress=False)
     assert time.monotonic() - t0 < 30
     assert not [a for a in ray_cluster.util.list_named_actors(all_namespaces=True) if "coati-relay/" in str(a)]
@@ -180,8 +181,9 @@ def test_launch_refuses_a_cuda_plugin_it_would_place_on_cpu(ray_cluster, tiny_mo
         launch_distributed(
             num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1, inference_batch_size=4,
             inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
-            train_dataset_config={"path": str(data), "max_length": 32},
+            train_dataset_config={"path": str(data), "max_length": 32, "system_prompt": ""},
             inference_model_config={"path": tiny_model_path}, train_model_config={"path": tiny_model_path},
-            generate_config={"max_new_tokens": 4}, grpo_config={}, plugin_config={"plugin": "zero2"},
+            generate_config={"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0}, grpo_config={},
+            plugin_config={"plugin": "zero2"},
             num_generations=2, run_dir=str(tmp_path / "run"), progress=False)
     assert not [a for a in ray_cluster.util.list_named_actors(all_namespaces=True) if "coati-relay/" in str(a)]

@@ -87,9 +87,10 @@ def kwargs(tmp_path_factory, tiny_model_path):
     data = write_toy_dataset(tmp_path_factory.mktemp("user-code") / "toy.jsonl", num_prompts=8)
     return dict(num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
                 inference_batch_size=4, inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
-                train_dataset_config={"path": str(data), "max_length": 32},
+                train_dataset_config={"path": str(data), "max_length": 32, "system_prompt": ""},
                 inference_model_config={"path": tiny_model_path}, train_model_config={"path": tiny_model_path},
-                generate_config={"max_new_tokens": 4}, plugin_config={}, num_generations=2)
+                generate_config={"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0}, plugin_config={},
+                num_generations=2)
 
 
 def _run_without_user_module(tmp_path, *args: str) -> subprocess.CompletedProcess:

@@ -120,8 +120,10 @@ def make_config(model_path: str, data_path: str, core_algo: str = "GRPO", consum
     return build_run_config(
         num_producers=1, num_proc_per_producer=1, num_consumer_procs=consumers, num_episodes=1,
         inference_batch_size=8, inference_microbatch_size=2, train_batch_size=train_batch_size,
-        train_minibatch_size=train_batch_size, train_dataset_config={"path": data_path, "max_length": 32},
-        inference_model_config={"path": model_path}, generate_config={"max_new_tokens": 4, **(generate or {})},
+        train_minibatch_size=train_batch_size,
+        train_dataset_config={"path": data_path, "max_length": 32, "system_prompt": ""},
+        inference_model_config={"path": model_path},
+        generate_config={"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0, **(generate or {})},
         train_model_config={"path": model_path}, grpo_config=grpo_config, plugin_config={"plugin": "ddp"},
         inference_backend="transformers", num_generations=group_size, core_algo=core_algo, progress=False)
 

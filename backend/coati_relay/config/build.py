@@ -35,6 +35,7 @@ from coati_relay.inference.factory import BACKEND_NAMES
 
 log = logging.getLogger(__name__)
 
+DEFAULT_PROMPT_TOKENS = 512
 
 
 class ConfigError(ValueError):
@@ -226,6 +227,12 @@ def _plugin(errors: List[str], plc: Dict[str, Any]) -> Tuple[Plugin, Optional[fl
     return Plugin(name=name, options=plc, allow_cpu_fallback=allow_fallback is True), max_norm
 
 
+def _prompt_tokens(tdc: Dict[str, Any]) -> int:
+    """train_dataset_config's max_length where it is a usable int (checked in `_data`), else its default."""
+    value = tdc.get("max_length", DEFAULT_PROMPT_TOKENS)
+    return value if is_int(value) and value > 0 else DEFAULT_PROMPT_TOKENS
+
+
 def _data(errors: List[str], tdc: Dict[str, Any], tokenizer_path: str, prompts_per_version: int) -> Data:
     dataset = tdc.get("path", tdc.get("prompts"))
     if dataset is None:
@@ -236,8 +243,13 @@ def _data(errors: List[str], tdc: Dict[str, Any], tokenizer_path: str, prompts_p
         dataset = None
     elif "path" in tdc and "prompts" in tdc:
         errors.append("train_dataset_config has both 'path' and 'prompts'; give one of them")
-    max_prompt_tokens = _positive_int(errors, "train_dataset_config['max_length']", tdc.get("max_length", 512))
+    max_prompt_tokens = _positive_int(errors, "train_dataset_config['max_length']",
+                                      tdc.get("max_length", DEFAULT_PROMPT_TOKENS))
     system_prompt = tdc.get("system_prompt")
+    if system_prompt is not None and not isinstance(system_prompt, str):
+        errors.append(f"train_dataset_config['system_prompt'] must be a string or None (ColossalChat's default "
+                      f"prompt), got {type(system_prompt).__name__}")
+        system_prompt = None
     num_prompts = count_prompts(errors, dataset, tokenizer_path, max_prompt_tokens, system_prompt)
     if not errors and num_prompts < prompts_per_version:
         errors.append(f"the dataset has {num_prompts} prompts, fewer than one weight version needs "
@@ -289,7 +301,7 @@ def build_run_config(
                    _placement(errors, placement_strategy, placement_timeout_s, role_resources))
     batches = _batches(errors, roles, num_episodes, inference_batch_size, inference_microbatch_size,
                        train_batch_size, train_minibatch_size, num_generations, grpo)
-    sampling = build_sampling(errors, gen, grpo)
+    sampling = build_sampling(errors, gen, grpo, roles.inference_backend, core_algo, _prompt_tokens(tdc))
     algo = build_algorithm(errors, core_algo, grpo, batches.num_generations)
     models = build_models(errors, roles, imc, tmc, tokc, critic_cfg, rm_cfg, core_algo,
                      None if algo is None else algorithms.spec(core_algo).needs_critic)

@@ -14,13 +14,9 @@ SECTION_KEYS = {"train_dataset_config": ("path", "prompts", "max_length", "syste
                 "train_model_config": ("path", "checkpoint_path", "lora", "gradient_checkpointing"),
                 "tokenizer_config": ("path",),
                 "critic_model_config": ("path",), "reward_model_config": ("path",)}
-# Keys ColossalChat scripts pass that mean nothing here, and why.
+# Keys ColossalChat scripts pass that mean nothing here, and why (generate_config's keys: by backend, in
+# coati_relay.inference.generate_keys).
 IGNORED_SECTION_KEYS = {
-    "generate_config": dict.fromkeys(
-        ("do_sample", "early_stopping", "max_length", "include_stop_str_in_output", "stop_strings", "stop",
-         "use_cache", "num_beams", "logprobs"),
-        "sampling always samples, one beam, until max_new_tokens or a stop_token_ids / EOS token; log-probs are "
-        "always returned"),
     "train_model_config": dict.fromkeys(("use_flash_attention_2", "use_cache", "torch_dtype"),
                                         "consumers train in the plugin's precision with the default attention"),
 }

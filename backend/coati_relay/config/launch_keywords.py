@@ -15,7 +15,10 @@ CC, EXT = "ColossalChat", "extension"
 # keyword -> (origin, meaning)
 LAUNCH_KEYWORDS: Dict[str, Tuple[str, str]] = {
     "num_producers": (CC, "producer actors (each generates rollouts with its own inference engine)"),
-    "num_proc_per_producer": (CC, "GPUs per producer: vLLM tensor parallelism (1 on hosts without CUDA)"),
+    "num_proc_per_producer": (CC, "GPUs per producer actor (as ColossalChat's num_gpus of the producer), used by vLLM "
+                                  "as tensor_parallel_size (ColossalChat's example passes the same number as both); "
+                                  "1 on hosts without CUDA and with the transformers backend (ColossalChat would "
+                                  "spread its model over them with device_map='auto')"),
     "num_consumer_procs": (CC, "consumer ranks: data-parallel trainers of the policy"),
     "num_episodes": (CC, "passes over the prompts. On resume it is the total for the whole run, not more on top: "
                          "a run resumed at episode 2 of num_episodes=3 trains one more"),
@@ -23,13 +26,35 @@ LAUNCH_KEYWORDS: Dict[str, Tuple[str, str]] = {
     "inference_microbatch_size": (CC, "prompts per producer task (one queue entry); divides inference_batch_size"),
     "train_batch_size": (CC, "prompts per optimizer step on each consumer rank"),
     "train_minibatch_size": (CC, "prompts per gradient-accumulation chunk; divides train_batch_size"),
-    "train_dataset_config": (CC, "the prompts: {'path': a ColossalChat .jsonl or a .csv with a 'prompt' column, or "
-                                 "'prompts': a list of strings; 'max_length': prompt tokens kept; 'system_prompt'}"),
+    "train_dataset_config": (CC, "the prompts, as ColossalChat's RawConversationDataset reads them: 'path': a .jsonl "
+                                 "of {'messages': {'role', 'content'}, 'gt_answer' or 'test_cases'} lines, each "
+                                 "prompt the tokenizer's chat template (with the generation prompt) of [system "
+                                 "message, the message]; 'system_prompt': that system message's text (None: "
+                                 "ColossalChat's default think/answer-tags math prompt, "
+                                 "coati_relay.rewards.system_prompts.DEFAULT_SYSTEM_PROMPT); 'max_length': prompt "
+                                 "tokens kept, the FIRST ones (an over-long prompt loses its end; extension: 512 when "
+                                 "not given, where ColossalChat requires it). A tokenizer without a chat template is "
+                                 "an error (ColossalChat's apply_chat_template fails too). Prompts are left-padded, "
+                                 "to the longest prompt of each generate call rather than to max_length (the padded "
+                                 "columns are masked: the same tokens come out). Extensions: 'messages' as a list "
+                                 "(a system message of its own is kept); 'path' to a .csv with a 'prompt' column, or "
+                                 "'prompts': a list of strings or of jsonl-style dicts, both with no system message "
+                                 "unless 'system_prompt' is given, raw text without the chat template"),
     "inference_model_config": (CC, "the producers' model: {'path': a local model directory or a Hugging Face Hub "
                                    "ID such as 'Qwen/Qwen2.5-7B', resolved once through the Hugging Face cache "
                                    "before any actor starts (downloaded only when HF_HUB_OFFLINE is not set)}, plus "
                                    "the inference engine's keywords"),
-    "generate_config": (CC, "sampling: max_new_tokens, temperature, top_p, top_k, stop_token_ids, seed, ignore_eos"),
+    "generate_config": (CC, "sampling, each key with the meaning of the backend in use, as ColossalChat hands the "
+                            "dict to transformers' generate() or vllm.SamplingParams; 'temperature' and 'top_p' are "
+                            "required (extension: 1.0 each for core_algo='PPO'). Both backends: max_new_tokens or "
+                            "max_tokens, temperature, top_k, top_p, seed, ignore_eos, stop_token_ids. transformers: "
+                            "do_sample, max_length (left-padded prompt plus response), stop_strings, early_stopping, "
+                            "num_beams=1, use_cache; its other generate() keys are an error (the engine decodes with "
+                            "its own loop). vllm: every SamplingParams keyword (stop, include_stop_str_in_output, "
+                            "min_tokens, repetition_penalty, ...) is passed on, but n (num_generations sets it) and "
+                            "logprobs (always 0), which have no effect, and those that shape the engine's output "
+                            "(detokenize, output_kind, ...). A key the backend in use does not know is an error "
+                            "naming the backend that knows it (coati_relay.inference.generate_keys)"),
     "train_model_config": (CC, "the trained policy: {'path' (a directory or Hub ID; default: the inference model's), "
                                "'lora': {'r', 'alpha', 'target_modules', 'dropout'}, 'gradient_checkpointing', "
                                "'checkpoint_path' (as resume_from)}"),

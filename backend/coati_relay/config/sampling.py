@@ -1,5 +1,11 @@
 """``generate_config``: how producers sample, checked key by key into a `SamplingConfig`.
 
+As in ColossalChat, every key means what the backend in use (``inference_backend``) means by it
+(`coati_relay.inference.generate_keys` says which backend knows which key); a key that backend does not know is an
+error naming the backend that knows it. ``temperature`` and ``top_p`` are required for ColossalChat's algorithms
+(its ``launch_distributed`` reads both to name the run and fails with a KeyError without them); the extension
+``core_algo="PPO"`` defaults them to 1.0.
+
 A key given as None counts as not given (ColossalChat's transformers example passes ``max_new_tokens=None``).
 """
 from __future__ import annotations
@@ -8,19 +14,37 @@ import logging
 from typing import Any, Dict, List, Mapping
 
 from coati_relay.config.checks import is_int, is_number
-from coati_relay.config.keys import IGNORED_SECTION_KEYS, check_section_keys
+from coati_relay.config.keys import closest, warn_ignored
 from coati_relay.inference.base import SamplingConfig
+from coati_relay.inference.generate_keys import (
+    ENGINE_KEYS,
+    TRANSFORMERS_FORCED,
+    TRANSFORMERS_NATIVE,
+    VLLM_FORCED,
+    VLLM_SAMPLING_KEYS,
+    classify,
+    transformers_generate_keys,
+)
 
-GENERATE_KEYS = ("max_new_tokens", "max_tokens", "temperature", "top_k", "top_p", "seed", "ignore_eos",
-                 "stop_token_ids")
+GENERATE_KEYS = ENGINE_KEYS
+REQUIRED_KEYS = ("temperature", "top_p")
 DEFAULT_MAX_NEW_TOKENS = 16
 
 log = logging.getLogger(__name__)
 
 
-def _max_new_tokens(errors: List[str], gen: Mapping[str, Any], grpo: Mapping[str, Any]) -> int:
-    """The response length: generate_config's max_new_tokens or max_tokens (vLLM's name), else grpo_config's."""
+def _max_new_tokens(errors: List[str], gen: Mapping[str, Any], grpo: Mapping[str, Any], prompt_tokens: int) -> int:
+    """The response length: generate_config's max_new_tokens or max_tokens (vLLM's name), else transformers'
+    max_length less the left-padded prompt's ``prompt_tokens``, else grpo_config's max_new_tokens."""
     given = {f"generate_config['{k}']": gen[k] for k in ("max_new_tokens", "max_tokens") if gen.get(k) is not None}
+    total = gen.get("max_length")
+    if not given and total is not None:
+        if not is_int(total) or total <= prompt_tokens:
+            errors.append(f"generate_config['max_length'] (transformers: prompt plus response tokens) must be an int "
+                          f"> train_dataset_config['max_length'] = {prompt_tokens} (every prompt is left-padded to "
+                          f"it), got {total!r}; or give max_new_tokens")
+            return DEFAULT_MAX_NEW_TOKENS
+        return total - prompt_tokens
     if not given and grpo.get("max_new_tokens") is not None:
         given["grpo_config['max_new_tokens']"] = grpo["max_new_tokens"]
     if len(set(map(repr, given.values()))) > 1:
@@ -32,10 +56,49 @@ def _max_new_tokens(errors: List[str], gen: Mapping[str, Any], grpo: Mapping[str
     return next(iter(given.values()), DEFAULT_MAX_NEW_TOKENS)
 
 
-def build_sampling(errors: List[str], gen: Dict[str, Any], grpo: Mapping[str, Any]) -> SamplingConfig:
-    """The checked `SamplingConfig` of ``generate_config``; problems go to ``errors`` (defaults stand in)."""
-    check_section_keys(errors, "generate_config", gen, GENERATE_KEYS, IGNORED_SECTION_KEYS["generate_config"])
-    max_new = _max_new_tokens(errors, gen, grpo)
+def _check_keys(errors: List[str], gen: Mapping[str, Any], backend: str, required: bool) -> Dict[str, Any]:
+    """Classifies every key for ``backend``; returns the keys handed to the backend unchanged."""
+    if required:
+        missing = [k for k in REQUIRED_KEYS if gen.get(k) is None]
+        if missing:
+            errors.append(f"generate_config needs {' and '.join(map(repr, missing))}: ColossalChat's "
+                          f"launch_distributed reads generate_config['temperature'] and ['top_p'] (a KeyError "
+                          f"there without them); add e.g. 'temperature': 1.0, 'top_p': 1.0")
+    if backend not in ("transformers", "vllm"):
+        return {}
+    passed: Dict[str, Any] = {}
+    valid = [*ENGINE_KEYS, *TRANSFORMERS_NATIVE, *TRANSFORMERS_FORCED, *VLLM_SAMPLING_KEYS]
+    for key in sorted(gen):
+        kind, why = classify(backend, key)
+        if kind == "error":
+            hint = "" if key in VLLM_SAMPLING_KEYS or key in transformers_generate_keys() else closest(key, valid)
+            errors.append(f"generate_config has key {key!r}{hint}: {why}")
+        elif kind == "forced":
+            warn_ignored("generate_config", key, {**TRANSFORMERS_FORCED, **VLLM_FORCED}[key])
+        elif kind == "passed" and key != "stop" and gen[key] is not None:
+            passed[key] = gen[key]
+    return passed
+
+
+def _strings(errors: List[str], gen: Mapping[str, Any], key: str) -> List[str]:
+    value = gen.get(key)
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) and v for v in value):
+        errors.append(f"generate_config[{key!r}] must be a non-empty string or a list of them, got {value!r}")
+        return []
+    return list(value)
+
+
+def build_sampling(errors: List[str], gen: Dict[str, Any], grpo: Mapping[str, Any], backend: str = "transformers",
+                   core_algo: str = "GRPO", prompt_tokens: int = 512) -> SamplingConfig:
+    """The checked `SamplingConfig` of ``generate_config`` for ``backend`` (the ``inference_backend``);
+    ``prompt_tokens``: train_dataset_config's max_length (the left-padded prompt width, for transformers'
+    max_length). Problems go to ``errors`` (defaults stand in)."""
+    options = _check_keys(errors, gen, backend, required=core_algo != "PPO")
+    max_new = _max_new_tokens(errors, gen, grpo, prompt_tokens)
     temperature = gen.get("temperature")
     if temperature is None:
         temperature = 1.0
@@ -73,5 +136,13 @@ def build_sampling(errors: List[str], gen: Dict[str, Any], grpo: Mapping[str, An
     elif not isinstance(stop, (list, tuple)) or not all(is_int(t) and t >= 0 for t in stop):
         errors.append(f"generate_config['stop_token_ids'] must be a list of token ids (ints >= 0), got {stop!r}")
         stop = []
+    do_sample = gen.get("do_sample")
+    if do_sample is not None and not isinstance(do_sample, bool):
+        errors.append(f"generate_config['do_sample'] must be a bool, got {do_sample!r}")
+    beams = gen.get("num_beams")
+    if beams is not None and beams != 1:
+        errors.append(f"generate_config['num_beams'] must be 1 (rollouts are sampled, one beam), got {beams!r}")
+    stop_strings = _strings(errors, gen, "stop" if backend == "vllm" else "stop_strings")
     return SamplingConfig(max_new_tokens=max_new, temperature=float(temperature), top_k=top_k, top_p=float(top_p),
-                          seed=seed, stop_token_ids=list(stop), ignore_eos=bool(ignore_eos))
+                          seed=seed, stop_token_ids=list(stop), ignore_eos=bool(ignore_eos),
+                          stop_strings=stop_strings, do_sample=do_sample is not False, options=options)

@@ -15,7 +15,7 @@ to the end.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -102,7 +102,7 @@ class TokenSampler:
     and top-p (temperature 0: the argmax, with the untempered log-prob), on buffers sized for ``rows`` x ``V``."""
 
     def __init__(self, sampling: SamplingConfig, rows: int, vocab: int, device: torch.device):
-        self.greedy = sampling.temperature == 0
+        self.greedy = sampling.temperature == 0 or not sampling.do_sample
         self.temperature = sampling.temperature
         self.top_k = min(sampling.top_k, vocab) if sampling.top_k > 0 else 0
         self.top_p = sampling.top_p
@@ -137,13 +137,32 @@ class TokenSampler:
         return tokens[:, 0], logprobs[:, 0]
 
 
+class StopStrings:
+    """Transformers' ``stop_strings``: a row stops at the token after which its response's text ends with one of
+    ``strings``. Only the last tokens that can hold the longest string are decoded (each token is at least a byte)."""
+
+    def __init__(self, tokenizer: Any, strings: Sequence[str]):
+        if tokenizer is None:
+            raise ValueError("stop strings need a tokenizer to read the text; give the backend one (tokenizer=...)")
+        self.tokenizer, self.strings = tokenizer, tuple(strings)
+        self.window = max(len(s.encode("utf-8")) for s in self.strings)
+
+    def __call__(self, tokens: torch.Tensor, end: int) -> torch.Tensor:
+        """tokens: LongTensor [A, >= end], the rows' responses so far; returns BoolTensor [A]: ends with a string."""
+        tails = tokens[:, max(0, end - self.window):end].tolist()
+        texts = self.tokenizer.batch_decode(tails, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return torch.tensor([t.endswith(self.strings) for t in texts], dtype=torch.bool, device=tokens.device)
+
+
 def decode(model: torch.nn.Module, cache: Cache, last_prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-           sampling: SamplingConfig, stop_ids: List[int], pad_token_id: int) -> Decoded:
+           sampling: SamplingConfig, stop_ids: List[int], pad_token_id: int,
+           stop_strings: Optional[StopStrings] = None) -> Decoded:
     """Samples up to ``sampling.max_new_tokens`` tokens per row with ``model`` under ``no_grad``.
 
     cache: the model's cache of every prompt column but the last ([N rows, P - 1 positions], capacity at least
     P - 1 + max_new_tokens; empty when P = 1); last_prompt_ids: LongTensor [N], each row's last prompt token;
-    prompt_mask: [N, P], left-padded prompt mask. Rows stop after a token of ``stop_ids``.
+    prompt_mask: [N, P], left-padded prompt mask. Rows stop after a token of ``stop_ids``, or (``stop_strings``)
+    after the token that ends their text with a stop string.
     """
     rows, width = prompt_mask.shape
     steps, device = sampling.max_new_tokens, prompt_mask.device
@@ -168,10 +187,12 @@ def decode(model: torch.nn.Module, cache: Cache, last_prompt_ids: torch.Tensor, 
         tokens[row_of, t] = feed
         logprobs[row_of, t] = drawn_logprobs
         taken = t + 1
-        if not stop_ids:
+        if not stop_ids and stop_strings is None:
             positions += 1
             continue
         stopped = alive & torch.isin(feed, stops)
+        if stop_strings is not None:
+            stopped |= alive & stop_strings(tokens[row_of, :t + 1], t + 1)
         lengths[row_of[stopped]] = t + 1
         alive &= ~stopped
         left = int(alive.sum())

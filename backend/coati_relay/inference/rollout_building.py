@@ -25,6 +25,8 @@ def check_sampling(sampling: SamplingConfig) -> SamplingConfig:
         raise TypeError(f"SamplingConfig.top_k must be an int (<= 0: off), got {sampling.top_k!r}")
     if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in sampling.stop_token_ids):
         raise ValueError(f"SamplingConfig.stop_token_ids must be token ids (ints >= 0), got {sampling.stop_token_ids}")
+    if any(not isinstance(t, str) or not t for t in sampling.stop_strings):
+        raise ValueError(f"SamplingConfig.stop_strings must be non-empty strings, got {sampling.stop_strings!r}")
     return sampling
 
 

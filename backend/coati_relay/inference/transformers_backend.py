@@ -92,11 +92,14 @@ class TransformersBackend:
 
     @sampling.setter
     def sampling(self, value: SamplingConfig) -> None:
-        self._sampling = check_sampling(value)
+        if check_sampling(value).options:
+            raise ValueError(f"TransformersBackend: SamplingConfig.options {sorted(value.options)} are vllm."
+                             "SamplingParams keywords; the transformers backend runs none of them")
+        self._sampling = value
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int, info: Optional[Dict[str, list]] = None) -> Rollout:
         """Samples ``n`` responses per prompt. Rows are prompt-major; R is the longest response of this call."""
-        from coati_relay.inference.decode_loop import decode  # imports transformers: not at module import
+        from coati_relay.inference.decode_loop import StopStrings, decode  # imports transformers: not at import
 
         if self.model is None:
             raise RuntimeError("TransformersBackend.generate: the backend was closed; build a new one")
@@ -105,6 +108,7 @@ class TransformersBackend:
         prompts = check_prompts(prompts, n, self._vocab_size, max_prompt)
         info = check_info(info, len(prompts))
         stop_ids = stop_token_ids(s, self._eos_ids)
+        stop_strings = StopStrings(self.tokenizer, s.stop_strings) if s.stop_strings else None
         prompt_ids, prompt_mask = pad_prompts(prompts, self.pad_token_id)
         ids, mask = to_device(self.device, prompt_ids, prompt_mask)
         rows = torch.arange(ids.size(0), device=self.device).repeat_interleave(n)
@@ -115,7 +119,8 @@ class TransformersBackend:
             with torch.no_grad(), torch.random.fork_rng(devices=fork_devices):
                 torch.manual_seed(self._seeds.next(s))
                 cache = self._prefill(ids, mask, rows, ids.size(1) - 1 + s.max_new_tokens)
-                out = decode(self.model, cache, ids[rows, -1], mask[rows], s, stop_ids, self.pad_token_id)
+                out = decode(self.model, cache, ids[rows, -1], mask[rows], s, stop_ids, self.pad_token_id,
+                             stop_strings)
                 del cache
         finally:
             self.model.train(training)

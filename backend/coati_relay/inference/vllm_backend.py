@@ -128,6 +128,7 @@ class VLLMBackend:
         config = AutoConfig.from_pretrained(str(model_path))
         self.tokenizer, self._eos_ids, self.pad_token_id, self.eos_token_id = special_token_ids(
             model_path, tokenizer, config, eos_token_ids, pad_token_id)
+        self.sampling = sampling  # again, now that the tokenizer (which stop strings need) is known
         self._vocab_size = config.vocab_size
         model_max = getattr(config, "max_position_embeddings", None) or DEFAULT_MAX_MODEL_LEN
         wanted = DEFAULT_MAX_MODEL_LEN if max_prompt_tokens is None else max_prompt_tokens + sampling.max_new_tokens
@@ -199,7 +200,12 @@ class VLLMBackend:
 
     @sampling.setter
     def sampling(self, value: SamplingConfig) -> None:
-        self._sampling = check_sampling(value)
+        if not check_sampling(value).do_sample:
+            raise ValueError("VLLMBackend: SamplingConfig.do_sample=False is transformers' greedy switch; vLLM "
+                             "decodes greedily at temperature 0")
+        if value.stop_strings and getattr(self, "tokenizer", True) is None:
+            raise ValueError("VLLMBackend: stop strings need the engine's tokenizer; give the backend a tokenizer")
+        self._sampling = value
 
     def _requests(self, prompts: List[List[int]], n: int, stop_ids: List[int]):
         """(vLLM prompts, one SamplingParams each), whose completions in order are the rows of the rollout."""
@@ -211,9 +217,11 @@ class VLLMBackend:
         if s.temperature == 0:  # vLLM allows only n=1 when greedy: one request per row
             prompts, per_request = [p for p in prompts for _ in range(n)], 1
         # vLLM gives sample j of a request the seed ``seed + j``: requests are spaced apart so no two rows share one.
+        # stop strings are matched on the text: only they need vLLM to detokenize (token ids come back either way)
+        text = {"stop": list(s.stop_strings), "detokenize": True} if s.stop_strings else {"detokenize": False}
         params = [SamplingParams(n=per_request, max_tokens=s.max_new_tokens, temperature=s.temperature,
                                  top_k=s.top_k if s.top_k > 0 else 0, top_p=s.top_p, seed=base_seed + i * n,
-                                 stop_token_ids=stop_ids, ignore_eos=s.ignore_eos, logprobs=0, detokenize=False)
+                                 stop_token_ids=stop_ids, ignore_eos=s.ignore_eos, logprobs=0, **text, **s.options)
                   for i in range(len(prompts))]
         return [{"prompt_token_ids": p} for p in prompts], params
 

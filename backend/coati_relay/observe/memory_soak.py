@@ -50,7 +50,7 @@ def soak_kwargs(model_path: str, data_path: str, run_dir: str, rounds: int, colo
     return dict(
         num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=rounds,
         inference_batch_size=8, inference_microbatch_size=4, train_batch_size=8, train_minibatch_size=8,
-        train_dataset_config={"path": data_path, "max_length": 32},
+        train_dataset_config={"path": data_path, "max_length": 32, "system_prompt": ""},
         inference_model_config={"path": model_path}, train_model_config={"path": model_path},
         generate_config={"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0}, seed=0,
         grpo_config={"lr": 5e-3, "beta": 0.0, "reward_fn_type": "toy_letter"}, plugin_config={"plugin": "ddp"},
