@@ -115,3 +115,13 @@ def test_launch_refuses_before_any_actor(tiny_model_path, tmp_path):
     cfg = build_run_config(**kw, generate_config={**REQUIRED, "max_new_tokens": 4, "stop_strings": "</answer>"},
                            inference_backend="transformers")
     assert cfg.sampling.stop_strings == ["</answer>"]
+
+
+@pytest.mark.parametrize("off", [0, -1])
+def test_top_k_zero_and_minus_one_both_mean_off(off):
+    """transformers' generate() switches top-k off with 0 (ColossalChat's migrated transformers configs), vLLM with
+    -1: both are the engine's -1."""
+    errors = []
+    sampling = build_sampling(errors, {"top_k": off, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 4}, {},
+                              backend="transformers", prompt_tokens=8)
+    assert errors == [] and sampling.top_k == -1

@@ -115,8 +115,11 @@ def build_sampling(errors: List[str], gen: Dict[str, Any], grpo: Mapping[str, An
     top_k = gen.get("top_k")
     if top_k is None:
         top_k = -1
-    elif not is_int(top_k) or (top_k < 1 and top_k != -1):
-        errors.append(f"generate_config['top_k'] must be -1 (off) or an int >= 1, got {top_k!r}")
+    elif not is_int(top_k) or top_k < -1:
+        errors.append(f"generate_config['top_k'] must be -1 or 0 (off: vLLM's and transformers' words for it) or an "
+                      f"int >= 1, got {top_k!r}")
+        top_k = -1
+    elif top_k == 0:
         top_k = -1
     seed = gen.get("seed")
     if seed is not None and (not is_int(seed) or seed < 0):
