@@ -99,6 +99,8 @@ NOTE_QUANTITIES: Dict[str, Tuple[str, ...]] = {
     "four-role": EVERYTHING,
     "unused-flags": (),
     "unread": EVERYTHING,
+    "ppo-to-grpo": BEHAVIOUR,  # no critic, group-normalised advantages: every learning curve changes
+    "rewards": ("reward", "final_reward", "reward_slope"),  # a rule reward instead of the reward model
 }
 
 
