@@ -167,7 +167,8 @@ _ROUND = textwrap.dedent("""
         inference_batch_size=prompts * world, inference_microbatch_size=prompts, train_batch_size=prompts,
         train_minibatch_size=prompts, train_dataset_config={"path": data, "max_length": 32},
         inference_model_config={"path": model_path}, train_model_config={"path": model_path},
-        generate_config={"max_new_tokens": 8}, grpo_config={"lr": 1e-3, "beta": beta, "train_microbatch_size": micro},
+        generate_config={"max_new_tokens": 8}, grpo_config={"lr": 1e-3, "beta": beta, "train_microbatch_size": micro,
+                     "reward_fn_type": "toy_letter"},
         plugin_config={"plugin": plugin}, num_generations=batch.group_size, progress=False)
     reference = load_causal_lm(model_path) if beta > 0 else None
     worker = ConsumerWorker.for_models(cfg, load_causal_lm(model_path), reference=reference, rank=rank)
@@ -274,7 +275,8 @@ _SYNCS = textwrap.dedent("""
             train_minibatch_size=prompts, train_dataset_config={"path": data, "max_length": 32},
             inference_model_config={"path": model_path}, train_model_config={"path": model_path},
             generate_config={"max_new_tokens": 8},
-            grpo_config={"lr": 1e-3, "beta": 0.0, "train_microbatch_size": micro},
+            grpo_config={"lr": 1e-3, "beta": 0.0, "train_microbatch_size": micro,
+                         "reward_fn_type": "toy_letter"},
             plugin_config={"plugin": "ddp"}, num_generations=rollout.group_size, progress=False)
         worker = ConsumerWorker.for_models(cfg, load_causal_lm(model_path))
         worker.train_round(rollout)  # warm-up: kernels and allocator

@@ -73,7 +73,8 @@ def test_the_engine_dtype_follows_the_training_precision(paths, monkeypatch, bac
         num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1, inference_batch_size=8,
         inference_microbatch_size=2, train_batch_size=2, train_minibatch_size=2,
         train_dataset_config={"path": data, "max_length": 32}, inference_model_config={"path": model, **given},
-        generate_config={"max_new_tokens": 4}, train_model_config={"path": model}, grpo_config={},
+        generate_config={"max_new_tokens": 4}, train_model_config={"path": model},
+        grpo_config={"reward_fn_type": "toy_letter"},
         plugin_config={"plugin": "zero2"}, inference_backend=backend, num_generations=2, colocate=colocate,
         progress=False)
     assert cfg.models.inference_model_kwargs.get("dtype") == expected

@@ -27,7 +27,8 @@ cfg = build_run_config(
     num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1, inference_batch_size=4,
     inference_microbatch_size=2, train_batch_size=2, train_minibatch_size=2,
     train_dataset_config={"path": data, "max_length": 32}, inference_model_config={"path": model},
-    generate_config={"max_new_tokens": 8}, train_model_config={"path": model}, grpo_config={"lr": 1e-3},
+    generate_config={"max_new_tokens": 8}, train_model_config={"path": model},
+    grpo_config={"lr": 1e-3, "reward_fn_type": "toy_letter"},
     plugin_config={}, inference_backend="transformers", num_generations=4, core_algo="GRPO", run_dir=TMP + "/run")
 from coati_relay.cli import main
 try:

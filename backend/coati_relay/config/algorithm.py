@@ -185,8 +185,9 @@ def build_algorithm(errors: List[str], core_algo: Any, grpo: Mapping[str, Any],
             errors.append(f"grpo_config['{key}'] must be {expect}, got {value!r}")
         values[key] = value
     if values["soft_over_length_punishment"] is True and values["cache_length"] is None:
-        errors.append("grpo_config['soft_over_length_punishment'] needs grpo_config['cache_length'] (the tokens before "
-                      "max_new_tokens where the penalty grows; ColossalChat's DAPO uses min(1024, max_new_tokens // 4))")
+        errors.append("grpo_config['soft_over_length_punishment'] needs grpo_config['cache_length'] (the tokens "
+                      "before max_new_tokens where the penalty grows; ColossalChat's DAPO uses min(1024, "
+                      "max_new_tokens // 4))")
     big = grpo.get("max_new_tokens")  # its type is checked with the sampling settings, which fall back on it
     big = big if isinstance(big, int) and not isinstance(big, bool) and big > 0 else None
     return AlgorithmConfig(**values, algo=estimator, max_new_tokens=big)

@@ -88,8 +88,8 @@ def _reward(errors: List[str], grpo: Dict[str, Any], reward_model_config: Option
         return grpo.get("reward_fn", grpo.get("reward_fn_type"))
     if "reward_fn" not in grpo and "reward_fn_type" not in grpo:
         errors.append(f"grpo_config needs 'reward_fn_type' (ColossalChat's producer reads it: one of "
-                      f"{list(RULE_REWARDS)}), or one of this engine's extensions: grpo_config['reward_fn'] (a callable "
-                      f"or a registered reward name, e.g. 'toy_letter') or reward_model_config")
+                      f"{list(RULE_REWARDS)}), or one of this engine's extensions: grpo_config['reward_fn'] (a "
+                      f"callable or a registered reward name, e.g. 'toy_letter') or reward_model_config")
         return None
     key = "reward_fn" if "reward_fn" in grpo else "reward_fn_type"
     reward = grpo[key]

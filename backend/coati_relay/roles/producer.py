@@ -122,8 +122,9 @@ class ProducerWorker:
         a = cfg.algo
         if isinstance(cfg.reward, str) and cfg.reward in RULE_REWARDS:
             self.rule_reward = VerifiableReward(
-                cfg.reward, max_new_tokens=self._length_limit(), soft_over_length_punishment=a.soft_over_length_punishment,
-                cache_length=a.cache_length, tags=a.response_format_tags, code_verifier_api_url=a.code_verifier_api_url)
+                cfg.reward, max_new_tokens=self._length_limit(),
+                soft_over_length_punishment=a.soft_over_length_punishment, cache_length=a.cache_length,
+                tags=a.response_format_tags, code_verifier_api_url=a.code_verifier_api_url)
         else:
             from coati_relay.rewards import get_reward_fn
 
