@@ -189,3 +189,24 @@ def test_algo_selects_the_advantage_under_one_core_algo(paths, algo, expected):
     out = worker.estimator(algos.AdvantageInputs(torch.tensor([1.0, 0.0, 0.0]), 3, torch.ones(3, 2), torch.zeros(3, 2)),
                            cfg.algo).advantages
     torch.testing.assert_close(out[:, 0], torch.tensor(expected), rtol=1e-3, atol=1e-3)
+
+
+def test_the_producer_scores_a_rule_reward_with_its_three_columns(tiny_model_path):
+    """`ProducerWorker._score_all` with reward_fn_type='boxed': decoded responses, the prompt's gt_answer repeated
+    over its group, token lengths for the length rules; rewards, format_acc and ans_acc land on the rollout's rows."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from coati_relay.producer import ProducerWorker
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    responses = [tok.encode(t, add_special_tokens=False) for t in ("\\boxed{4}", "\\boxed{5}", "4", "\\boxed{7}")]
+    rollout = make_rollout(PROMPTS[:2], responses, 2, [0.0] * 4)
+    rollout.info = {"gt_answer": ["4", "7"]}
+    producer = ProducerWorker(0, SimpleNamespace(), queue=None, weight_store=None)
+    producer.tokenizer, producer.rm_scorer = tok, None
+    producer.rule_reward = VerifiableReward("boxed", max_new_tokens=100)
+    rewards, format_acc, ans_acc = producer._score_all(rollout, ["", ""])
+    assert (rewards.tolist(), format_acc.tolist(), ans_acc.tolist()) == (
+        [10.0, 0.0, 0.0, 10.0], [1.0, 1.0, 0.0, 1.0], [1.0, 0.0, 0.0, 1.0])
