@@ -15,7 +15,7 @@ import torch
 from train_round_helpers import BigramLM, make_config, make_rollout, record_steps
 
 from coati_relay import algorithms as algos
-from coati_relay.consumer import ConsumerWorker
+from coati_relay.roles.consumer import ConsumerWorker
 from coati_relay.rewards.verifiable import VerifiableReward, structure_valid
 
 PROMPTS = [[3, 4, 5], [6], [7, 8], [9, 10]]
@@ -198,7 +198,7 @@ def test_the_producer_scores_a_rule_reward_with_its_three_columns(tiny_model_pat
 
     from transformers import AutoTokenizer
 
-    from coati_relay.producer import ProducerWorker
+    from coati_relay.roles.producer import ProducerWorker
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
     responses = [tok.encode(t, add_special_tokens=False) for t in ("\\boxed{4}", "\\boxed{5}", "4", "\\boxed{7}")]
