@@ -15,8 +15,8 @@ import torch
 from train_round_helpers import BigramLM, make_config, make_rollout, record_steps
 
 from coati_relay import algorithms as algos
-from coati_relay.roles.consumer import ConsumerWorker
 from coati_relay.rewards.verifiable import VerifiableReward, structure_valid
+from coati_relay.roles.consumer import ConsumerWorker
 
 PROMPTS = [[3, 4, 5], [6], [7, 8], [9, 10]]
 RESPONSES = [[1, 2, 3], [4], [5, 6], [7, 8, 9, 10], [2, 2], [3, 11, 4], [5], [6, 7, 8]]
