@@ -182,7 +182,8 @@ def consumer(ray_session, model, tmp_path_factory):
                               "system_prompt": ""},
         inference_model_config={"path": path}, train_model_config={"path": path},
         generate_config={"max_new_tokens": RESPONSE, "temperature": 1.0}, plugin_config={},
-        grpo_config={"lr": LR, "critic_lr": LR, "train_microbatch_size": BATCH, "kl_coef": 0.1},
+        grpo_config={"lr": LR, "critic_lr": LR, "train_microbatch_size": BATCH, "kl_coef": 0.1,
+                     "reward_fn_type": "toy_letter"},
         run_dir=str(d / "run"), progress=False, seed=SEED)
     worker = ConsumerWorker(0, cfg, queue=None, weight_store=make_weight_store())
     with process_group_env_kept():  # the group is this process's own: processes started later must not see it

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 # Tensor fields whose second dimension is the response length; they are right-padded when rollouts are joined.
 _RESPONSE_FIELDS = ("response_ids", "response_mask", "logprobs")
 _PROMPT_FIELDS = ("prompt_ids", "prompt_mask")
-_ROW_FIELDS = ("response_lengths", "rewards")
+_ROW_FIELDS = ("response_lengths", "rewards", "format_acc", "ans_acc")
 
 
 @dataclass
@@ -31,6 +31,9 @@ class Rollout:
     group_size:       G, responses per prompt.
     weight_version:   version of the weights that generated this rollout (-1: unknown).
     rewards:          FloatTensor [N] or None, scalar reward per response.
+    format_acc:       FloatTensor [N] or None, 1.0 where a rule reward found the response's format valid.
+    ans_acc:          FloatTensor [N] or None, 1.0 where a rule reward found the answer correct (``filter_range``
+                      compares a group's mean of it; None: the reward stands in for it).
     info:             per-prompt metadata (e.g. ``gt_answer``), each a list of length N / G.
     """
 
@@ -44,6 +47,8 @@ class Rollout:
     weight_version: int = -1
     rewards: Optional[torch.Tensor] = None
     info: Dict[str, List[Any]] = field(default_factory=dict)
+    format_acc: Optional[torch.Tensor] = None
+    ans_acc: Optional[torch.Tensor] = None
 
     def __post_init__(self) -> None:
         n = self.prompt_ids.size(0)
@@ -71,6 +76,15 @@ class Rollout:
     def attention_mask(self) -> torch.Tensor:
         """LongTensor [N, P + R]: prompt mask then response mask."""
         return torch.cat([self.prompt_mask.long(), self.response_mask.long()], dim=1)
+
+    def take_groups(self, groups: Sequence[int]) -> "Rollout":
+        """The rollout of the prompts ``groups`` (indices into the ``num_prompts`` groups), in that order."""
+        g = self.group_size
+        idx = torch.tensor([i * g + j for i in groups for j in range(g)], dtype=torch.long)
+        out: Dict[str, Any] = {name: None if getattr(self, name) is None else getattr(self, name)[idx.to(
+            getattr(self, name).device)] for name in _PROMPT_FIELDS + _RESPONSE_FIELDS + _ROW_FIELDS}
+        out["info"] = {k: [v[i] for i in groups] for k, v in self.info.items()}
+        return Rollout(group_size=g, weight_version=self.weight_version, **out)
 
     @staticmethod
     def concat(parts: Sequence["Rollout"], pad_token_id: int) -> "Rollout":

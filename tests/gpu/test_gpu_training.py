@@ -168,7 +168,7 @@ _ROUND = textwrap.dedent("""
         train_minibatch_size=prompts, train_dataset_config={"path": data, "max_length": 32, "system_prompt": ""},
         inference_model_config={"path": model_path}, train_model_config={"path": model_path},
         generate_config={"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0},
-        grpo_config={"lr": 1e-3, "beta": beta, "train_microbatch_size": micro},
+        grpo_config={"lr": 1e-3, "beta": beta, "train_microbatch_size": micro, "reward_fn_type": "toy_letter"},
         plugin_config={"plugin": plugin}, num_generations=batch.group_size, progress=False)
     reference = load_causal_lm(model_path) if beta > 0 else None
     worker = ConsumerWorker.for_models(cfg, load_causal_lm(model_path), reference=reference, rank=rank)
@@ -275,7 +275,7 @@ _SYNCS = textwrap.dedent("""
             train_minibatch_size=prompts, train_dataset_config={"path": data, "max_length": 32, "system_prompt": ""},
             inference_model_config={"path": model_path}, train_model_config={"path": model_path},
             generate_config={"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0},
-            grpo_config={"lr": 1e-3, "beta": 0.0, "train_microbatch_size": micro},
+            grpo_config={"lr": 1e-3, "beta": 0.0, "train_microbatch_size": micro, "reward_fn_type": "toy_letter"},
             plugin_config={"plugin": "ddp"}, num_generations=rollout.group_size, progress=False)
         worker = ConsumerWorker.for_models(cfg, load_causal_lm(model_path))
         worker.train_round(rollout)  # warm-up: kernels and allocator

@@ -56,7 +56,8 @@ def test_registry_lists_and_finds_every_kind():
     out = alg.get("advantage", "GRPO")(_inputs(T([1.0, 0.0]), 2), None)  # names are case-insensitive
     assert out.advantages.shape == (2, 1) and out.returns is None
     assert alg.spec("PPO").needs_critic and alg.spec("PPO").kl_weight_key == "kl_coef"
-    assert alg.spec("DAPO").defaults["beta"] == 0.0 and alg.spec("rloo").min_group_size == 2
+    assert alg.spec("DAPO").defaults == {} and alg.spec("rloo").min_group_size == 2  # ColossalChat's: GRPO's
+    assert alg.spec("PPO").defaults == {"weight_decay": 0.0, "normalize_advantages": True}  # the extension's own
 
 
 def test_registry_errors():

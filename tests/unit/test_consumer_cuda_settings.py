@@ -75,7 +75,7 @@ def test_the_engine_dtype_follows_the_training_precision(paths, monkeypatch, bac
         train_dataset_config={"path": data, "max_length": 32, "system_prompt": ""},
         inference_model_config={"path": model, **given},
         generate_config={"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0}, train_model_config={"path": model},
-        grpo_config={},
+        grpo_config={"reward_fn_type": "toy_letter"},
         plugin_config={"plugin": "zero2"}, inference_backend=backend, num_generations=2, colocate=colocate,
         progress=False)
     assert cfg.models.inference_model_kwargs.get("dtype") == expected

@@ -32,8 +32,8 @@ def _batches():
 
 def _settings():
     """(core_algo, grpo_config) pairs: DAPO token-level with both filters; GRPO sample-level with a KL term."""
-    return [("DAPO", {"microbatch": 1}),
-            ("GRPO", {"microbatch": 2, "beta": 0.1, "filter_range": [0.01, 0.99]})]
+    return [("DAPO", {"microbatch": 1, "dynamic_batching": False}),
+            ("GRPO", {"microbatch": 2, "beta": 0.1, "filter_range": [0.01, 0.99], "dynamic_batching": False})]
 
 
 def _train(cfg, batch: Rollout, rank: int = 0) -> dict:

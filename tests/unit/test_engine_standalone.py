@@ -28,7 +28,7 @@ cfg = build_run_config(
     inference_microbatch_size=2, train_batch_size=2, train_minibatch_size=2,
     train_dataset_config={"path": data, "max_length": 32, "system_prompt": ""}, inference_model_config={"path": model},
     generate_config={"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0}, train_model_config={"path": model},
-    grpo_config={"lr": 1e-3},
+    grpo_config={"lr": 1e-3, "reward_fn_type": "toy_letter"},
     plugin_config={}, inference_backend="transformers", num_generations=4, core_algo="GRPO", run_dir=TMP + "/run")
 from coati_relay.cli import main
 try:

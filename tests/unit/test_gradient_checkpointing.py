@@ -44,7 +44,8 @@ def _config(model: str, tmp_path, **train_model_config):
         inference_model_config={"path": model},
         generate_config={"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0},
         train_model_config={"path": model, **train_model_config},
-        grpo_config={"lr": 1e-3}, plugin_config={"plugin": "ddp"}, inference_backend="transformers",
+        grpo_config={"lr": 1e-3, "reward_fn_type": "toy_letter"}, plugin_config={"plugin": "ddp"},
+        inference_backend="transformers",
         num_generations=2, core_algo="GRPO", run_dir=str(tmp_path / "run"), colocate=True)
 
 

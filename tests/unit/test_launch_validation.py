@@ -90,7 +90,18 @@ BAD = [
                                      "train_batch_size": 16, "train_minibatch_size": 16},
      ["fewer than one weight version"]),
     ("unknown-algo", lambda f: {"core_algo": "TRPO"}, ["core_algo", "GRPO"]),
-    ("algo-disagrees", lambda f: {"grpo_config": {"algo": "DAPO"}}, ["disagrees"]),
+    ("algo-needs-other-consumer", lambda f: {"grpo_config": {"algo": "PPO", "reward_fn_type": "toy_letter"}},
+     ["grpo_config['algo'] = 'PPO'", "critic"]),
+    ("algo-unknown", lambda f: {"grpo_config": {"algo": "GRPOO", "reward_fn_type": "toy_letter"}},
+     ["grpo_config['algo']", "did you mean 'GRPO'"]),
+    ("reward-missing", lambda f: {"grpo_config": {"lr": 1e-3}}, ["grpo_config needs 'reward_fn_type'", "reward_fn"]),
+    ("code-reward-without-url", lambda f: {"grpo_config": {"reward_fn_type": "code"}},
+     ["code_verifier_api_url"]),
+    ("soft-punishment-without-cache-length",
+     lambda f: {"grpo_config": {"reward_fn_type": "boxed", "soft_over_length_punishment": True}}, ["cache_length"]),
+    ("bad-format-tags", lambda f: {"grpo_config": {"reward_fn_type": "think_answer_tags",
+                                                   "response_format_tags": {"a": {"text": "<a>"}}}},
+     ["response_format_tags"]),
     ("grpo-one-generation", lambda f: {"num_generations": 1}, ["num_generations must be >= 2", "PPO"]),
     ("unknown-backend", lambda f: {"inference_backend": "sglang"}, ["inference_backend", "vllm"]),
     ("unknown-plugin", lambda f: {"plugin_config": {"plugin": "fsdp"}}, ["plugin", "ddp"]),
@@ -321,7 +332,7 @@ def test_colossalchat_keys_without_effect_warn_once(files, caplog):
     import coati_relay.config.keys as ck
 
     ck._WARNED.clear()
-    over = dict(grpo_config={"lr": 1e-3, "dynamic_batching": True, "skip_threshold": 20.0},
+    over = dict(grpo_config={"lr": 1e-3, "reward_fn_type": "toy_letter", "skip_threshold": 20.0, "max_length": 9},
                 eval_interval=10, master_port=29506,
                 generate_config={"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0, "output_logits": True},
                 train_model_config={"path": files["model"], "use_flash_attention_2": True},
@@ -330,7 +341,7 @@ def test_colossalchat_keys_without_effect_warn_once(files, caplog):
         build_run_config(**good(files, **over))
         build_run_config(**good(files, **over))
     lines = [r.getMessage() for r in caplog.records]
-    for key in ("grpo_config['dynamic_batching']", "grpo_config['skip_threshold']",
+    for key in ("grpo_config['max_length']", "grpo_config['skip_threshold']",
                 "launch_distributed['eval_interval']", "launch_distributed['master_port']",
                 "generate_config['output_logits']", "train_model_config['use_flash_attention_2']",
                 "inference_model_config['use_flash_attention_2']"):
@@ -349,12 +360,25 @@ def test_a_fixed_sampling_seed_warns_that_rounds_draw_the_same_numbers(files, ca
     assert "launch_distributed(seed=...)" in record.getMessage()
 
 
-def test_algorithm_defaults_come_from_the_estimator_spec(files):
+def test_dapo_has_colossalchats_defaults_which_are_grpos(files):
+    """ColossalChat's consumer reads the same defaults for every algo; its DAPO settings are keys rl_example.py
+    passes (the old expectation, DAPO's own defaults, was this engine's)."""
     dapo = build_run_config(**good(files, core_algo="DAPO")).algo
-    assert (dapo.beta, dapo.loss_variation, dapo.clip_eps_high, dapo.filter_truncated_response) == (
-        0.0, "token_level", 0.28, True)
     grpo = build_run_config(**good(files)).algo
-    assert (grpo.beta, grpo.loss_variation, grpo.clip_eps_high, grpo.critic_lr) == (0.01, "sample_level", 0.2, 1e-3)
+    for algo in (dapo, grpo):
+        assert (algo.beta, algo.loss_variation, algo.clip_eps_low, algo.clip_eps_high, algo.filter_range,
+                algo.dynamic_batching, algo.soft_over_length_punishment, algo.filter_truncated_response,
+                algo.lr, algo.weight_decay) == (0.01, "sample_level", 0.2, 0.2, None, True, False, False, 1e-3, 0.01)
+    assert (dapo.algo, grpo.algo, grpo.critic_lr) == ("DAPO", "GRPO", 1e-3)
+
+
+@pytest.mark.parametrize("core_algo,algo,estimator", [("GRPO", "RLOO", "RLOO"), ("DAPO", "REINFORCE_PPB",
+                                                                                  "REINFORCE_PPB"),
+                                                       ("RLOO", None, "RLOO")])
+def test_grpo_config_algo_picks_the_advantage_estimator(files, core_algo, algo, estimator):
+    """As in ColossalChat, where core_algo picks the consumer class and its step reads grpo_config['algo']."""
+    grpo = {"reward_fn_type": "toy_letter", **({} if algo is None else {"algo": algo})}
+    assert build_run_config(**good(files, core_algo=core_algo, grpo_config=grpo)).algo.algo == estimator
 
 
 def test_version_a_task_needs(files):

@@ -77,7 +77,8 @@ def test_unschedulable_run_fails_in_seconds_naming_the_role(ray_cluster, tiny_mo
             inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
             train_dataset_config={"path": str(data), "max_length": 32, "system_prompt": ""},
             inference_model_config={"path": tiny_model_path}, train_model_config={"path": tiny_model_path},
-            generate_config={"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0}, grpo_config={}, plugin_config={},
+            generate_config={"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0},
+            grpo_config={"reward_fn_type": "toy_letter"}, plugin_config={},
             num_generations=2,
             role_resources={"producer": {"inference_node": 1}}, run_dir=str(tmp_path / "run"), progress=False)
     assert time.monotonic() - t0 < 30
@@ -183,7 +184,8 @@ def test_launch_refuses_a_cuda_plugin_it_would_place_on_cpu(ray_cluster, tiny_mo
             inference_microbatch_size=4, train_batch_size=4, train_minibatch_size=4,
             train_dataset_config={"path": str(data), "max_length": 32, "system_prompt": ""},
             inference_model_config={"path": tiny_model_path}, train_model_config={"path": tiny_model_path},
-            generate_config={"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0}, grpo_config={},
+            generate_config={"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0},
+            grpo_config={"reward_fn_type": "toy_letter"},
             plugin_config={"plugin": "zero2"},
             num_generations=2, run_dir=str(tmp_path / "run"), progress=False)
     assert not [a for a in ray_cluster.util.list_named_actors(all_namespaces=True) if "coati-relay/" in str(a)]

@@ -91,7 +91,7 @@ def test_dapo_filters_train_only_the_kept_sample(paths):
     """Rewards [0,0 | 1,0 | 1,1] with filter_range (0.01, 0.99): groups 0 and 2 drop. Row 3 (4 tokens =
     max_new_tokens) is truncated and drops too. Only row 2 trains: token-level loss -A * sum_t logp_t / 2 with
     A = 0.5 / (std([1, 0]) + 1e-4)."""
-    cfg = make_config(*paths, core_algo="DAPO", train_batch_size=4)
+    cfg = make_config(*paths, core_algo="DAPO", train_batch_size=4, dynamic_batching=False)
     prompts, responses = PROMPTS[:3], [[1, 2], [3, 4, 5], [6, 7], [8, 9, 10, 11], [2], [3, 4]]
     rollout = make_rollout(prompts, responses, 2, [0.0, 0.0, 1.0, 0.0, 1.0, 1.0], policy=BigramLM())
     worker = ConsumerWorker.for_models(cfg, BigramLM())
@@ -107,7 +107,7 @@ def test_dapo_filters_train_only_the_kept_sample(paths):
 
 def test_no_kept_sample_anywhere_skips_the_optimizer_step(paths):
     """Every group all-wrong or all-right: DAPO keeps nothing, and the step is skipped (no momentum-only update)."""
-    cfg = make_config(*paths, core_algo="DAPO", train_batch_size=2)
+    cfg = make_config(*paths, core_algo="DAPO", train_batch_size=2, dynamic_batching=False)
     rollout = make_rollout(PROMPTS[:2], [[1], [2], [3], [4]], 2, [0.0, 0.0, 1.0, 1.0], policy=BigramLM())
     worker = ConsumerWorker.for_models(cfg, BigramLM())
     grads = record_steps(worker)
@@ -136,7 +136,7 @@ def test_micro_batches_accumulate_the_whole_batch_gradient(paths, variation):
     found = []
     for micro in (8, 1):
         cfg = make_config(*paths, train_batch_size=4, microbatch=micro, beta=0.2, loss_variation=variation,
-                          filter_range=[0.01, 0.99])
+                          filter_range=[0.01, 0.99], dynamic_batching=False)
         worker = ConsumerWorker.for_models(cfg, BigramLM(), reference=BigramLM(seed=1))
         grads = record_steps(worker)
         stats = worker.train_round(rollout)

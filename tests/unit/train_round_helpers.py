@@ -108,13 +108,20 @@ def make_rollout(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[
                    group_size=group_size, weight_version=0, rewards=torch.tensor(rewards, dtype=torch.float32))
 
 
+# The grpo_config ColossalChat's rl_example.py passes for DAPO (its consumer has no DAPO defaults of its own), less
+# the reward keys.
+DAPO_KEYS = {"filter_range": [0.01, 0.99], "dynamic_batching": True, "clip_eps_low": 0.2, "clip_eps_high": 0.28,
+             "beta": 0.0, "loss_variation": "token_level", "filter_truncated_response": True}
+
+
 def make_config(model_path: str, data_path: str, core_algo: str = "GRPO", consumers: int = 1,
                 train_batch_size: int = 2, microbatch: Optional[int] = None, group_size: int = 2,
                 generate: Optional[Dict] = None, **grpo):
-    """A checked `RunConfig` for one producer (8 prompts a round) and ``consumers`` consumers on the ddp plugin."""
+    """A checked `RunConfig` for one producer (8 prompts a round) and ``consumers`` consumers on the ddp plugin, with
+    the toy reward; DAPO gets `DAPO_KEYS` (``grpo`` overrides them)."""
     from coati_relay.config.build import build_run_config
 
-    grpo_config = {"lr": 1e-2, **grpo}
+    grpo_config = {"lr": 1e-2, "reward_fn_type": "toy_letter", **(DAPO_KEYS if core_algo == "DAPO" else {}), **grpo}
     if microbatch is not None:
         grpo_config["train_microbatch_size"] = microbatch
     return build_run_config(

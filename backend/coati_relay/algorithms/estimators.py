@@ -5,7 +5,8 @@ the run's algorithm settings (`coati_relay.config.algorithm.AlgorithmConfig`: at
 ``gamma``, ``lam``, ``normalize_advantages``, ...). Shapes: N sequences (prompt-major, G per prompt), R response
 tokens.
 
-- ``grpo``, ``dapo``: ``(r - mean_g) / (std_g + eps)`` per group; [N, 1]. DAPO differs only in its defaults.
+- ``grpo``, ``dapo``: ``(r - mean_g) / (std_g + eps)`` per group; [N, 1]. As in ColossalChat, DAPO is the same
+  advantage with the same defaults: its filters, clip and loss are the ``grpo_config`` keys a DAPO run sets.
 - ``rloo``: r minus the mean of the other G - 1 rewards; [N, 1].
 - ``reinforce_ppb``: ``r - mean_g``, minus ``beta * KL`` (``kl_estimator``, k3 by default) with a reference model,
   whitened over the valid tokens of the global batch (every data-parallel rank's: a collective); [N, R]; the KL is
@@ -47,8 +48,7 @@ class Advantages:
     returns: Optional[torch.Tensor] = None
 
 
-DAPO_DEFAULTS = {"beta": 0.0, "loss_variation": "token_level", "clip_eps_high": 0.28, "filter_range": [0.01, 0.99],
-                 "soft_over_length_punishment": True, "filter_truncated_response": True}
+# PPO is this engine's extension; its defaults differ from the GRPO family's.
 PPO_DEFAULTS = {"weight_decay": 0.0, "normalize_advantages": True}
 
 
@@ -57,7 +57,7 @@ def grpo(inputs: AdvantageInputs, params: Any) -> Advantages:
     return Advantages(group_advantage(inputs.rewards, inputs.group_size, "grpo").unsqueeze(1))
 
 
-@register("advantage", "dapo", spec=AlgorithmSpec(min_group_size=2, defaults=DAPO_DEFAULTS))
+@register("advantage", "dapo", spec=AlgorithmSpec(min_group_size=2))
 def dapo(inputs: AdvantageInputs, params: Any) -> Advantages:
     return Advantages(group_advantage(inputs.rewards, inputs.group_size, "dapo").unsqueeze(1))
 

@@ -46,7 +46,8 @@ class AlgorithmSpec:
       the reference model is loaded only when that weight is > 0.
     kl_in_loss: the policy loss carries ``beta * KL``; False where the estimator puts the KL into rewards or
       advantages itself.
-    defaults: the algorithm settings whose default differs for this estimator (e.g. DAPO's ``beta = 0``).
+    defaults: the algorithm settings whose default differs for this estimator (PPO's, an extension; ColossalChat's
+      estimators have none).
     """
 
     needs_critic: bool = False

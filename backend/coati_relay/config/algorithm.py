@@ -1,10 +1,14 @@
 """The algorithm section of a run (ColossalChat's ``grpo_config``): one table of key, default and check, typed.
 
-``ALGORITHM_KEYS`` lists every setting `AlgorithmConfig` holds. The default of a setting is the table's, unless the
-run's estimator overrides it (`coati_relay.algorithms.AlgorithmSpec.defaults`, e.g. DAPO's ``beta = 0``); a default
-may be a function of the given keys (``critic_lr`` follows ``lr``). ``grpo_config`` keys read by other sections
-(``OTHER_KEYS``) pass through; keys ColossalChat has that mean nothing here (``IGNORED_KEYS``) are accepted with one
-warning each; any other key is an error that names the closest valid one.
+``ALGORITHM_KEYS`` lists every setting `AlgorithmConfig` holds, with ColossalChat's defaults (4f9953be3,
+``grpo_consumer.py``, ``consumer.py``, ``producer.py``, ``reward/reward_fn.py``) for its keys. ColossalChat's DAPO
+changes no default (its ``rl_example.py`` passes DAPO's values as keys); an estimator that is this engine's
+extension may (`coati_relay.algorithms.AlgorithmSpec.defaults`: PPO's). A default may be a function of the given
+keys (``critic_lr`` follows ``lr``). ``grpo_config['algo']`` picks the advantage estimator, as ColossalChat's consumer
+reads it (``core_algo`` picks the consumer: with a critic for PPO, without for the GRPO family); without it the
+estimator is ``core_algo``'s. ``grpo_config`` keys read by other sections (``OTHER_KEYS``) pass through; keys
+ColossalChat has that it never reads either (``IGNORED_KEYS``) are accepted with one warning each; any other key is
+an error that names the closest valid one.
 """
 from __future__ import annotations
 
@@ -18,6 +22,18 @@ from coati_relay.config.keys import check_section_keys, closest
 
 def _pair(v: Any) -> bool:
     return v is None or (isinstance(v, (list, tuple)) and len(v) == 2 and all(map(is_number, v)) and v[0] < v[1])
+
+
+def _tags(v: Any) -> bool:
+    """None or ColossalChat's ``response_format_tags``: name -> {"text": str, "num_occur": int >= 0}."""
+    return v is None or (isinstance(v, dict) and bool(v) and all(
+        isinstance(k, str) and isinstance(t, dict) and set(t) == {"text", "num_occur"} and isinstance(t["text"], str)
+        and t["text"] != "" and isinstance(t["num_occur"], int) and not isinstance(t["num_occur"], bool)
+        and t["num_occur"] >= 0 for k, t in v.items()))
+
+
+def _url(v: Any) -> bool:
+    return v is None or (isinstance(v, str) and v.startswith(("http://", "https://")))
 
 
 class Key(NamedTuple):
@@ -53,11 +69,25 @@ ALGORITHM_KEYS: Dict[str, Key] = {
     "clip_eps_low": Key(0.2, is_positive, "a number > 0"),
     "clip_eps_high": Key(0.2, is_positive, "a number > 0"),
     "filter_range": Key(None, _pair, "None or [low, high] with low < high"),
-    "soft_over_length_punishment": Key(False, is_flag, "a bool"),
+    "dynamic_batching": Key(True, is_flag, "a bool",
+                            "with filter_range: True drops the groups outside it and fills each optimizer step with "
+                            "train_batch_size kept groups, carrying the rest to the next round; False trains every "
+                            "group and masks the samples of groups outside it out of the loss"),
+    "soft_over_length_punishment": Key(False, is_flag, "a bool",
+                                       "the rule rewards add ((L - c) - len) / c * 10 for L - c < len < L "
+                                       "(L: max_new_tokens, c: cache_length)"),
     "cache_length": Key(None, lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
-                        "None or an int > 0 (tokens)"),
-    "overlength_scale": Key(1.0, is_non_negative, "a number >= 0"),
-    "filter_truncated_response": Key(False, is_flag, "a bool"),
+                        "None or an int > 0 (tokens)", "c of the soft over-length punishment (required with it)"),
+    "overlength_scale": Key(1.0, is_non_negative, "a number >= 0",
+                            "engine extension: the scale of the soft over-length penalty of a registered or "
+                            "callable reward (ColossalChat's rule rewards use their own 10)"),
+    "filter_truncated_response": Key(False, is_flag, "a bool",
+                                     "responses that reach generate_config's max_new_tokens leave the loss"),
+    "response_format_tags": Key(None, _tags, "None or {name: {'text': str, 'num_occur': int >= 0}}",
+                                "the tags a rule reward's format check counts (think_answer_tags: None is "
+                                "<think>, </think>, <answer>, </answer> once each)"),
+    "code_verifier_api_url": Key(None, _url, "None or an http(s) URL",
+                                 "the service reward_fn_type='code' posts programs and test cases to"),
     "value_clip": Key(0.4, is_positive, "a number > 0"),
     "gamma": Key(1.0, lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "lam": Key(0.95, lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
@@ -80,16 +110,15 @@ ALGORITHM_KEYS: Dict[str, Key] = {
 }
 
 # grpo_config keys that other parts of the configuration read.
-OTHER_KEYS = {"algo": "must equal core_algo", "reward_fn_type": "the reward", "reward_fn": "the reward",
-              "train_microbatch_size": "sequences per forward", "max_new_tokens": "response length"}
+OTHER_KEYS = {"algo": "the advantage estimator", "reward_fn_type": "the reward",
+              "reward_fn": "the reward (engine extension)", "train_microbatch_size": "sequences per forward",
+              "max_new_tokens": "L of the rule rewards' length rules"}
 
-# grpo_config keys of ColossalChat that have no effect here, and why.
+# grpo_config keys of ColossalChat that it never reads either, and why they are passed.
 IGNORED_KEYS = {
-    "dynamic_batching": "groups outside filter_range are masked out of the loss; no further prompts are drawn",
-    "skip_threshold": "ColossalChat never reads it either",
-    "code_verifier_api_url": "there is no code-execution reward here",
-    "response_format_tags": "the math rewards check their own tags",
-    "max_length": "prompt length is train_dataset_config['max_length'], responses generate_config's",
+    "skip_threshold": "ColossalChat never reads it either (rl_example.py passes it for DAPO)",
+    "max_length": "ColossalChat never reads it either (rl_example.py passes prompt + response tokens); prompt "
+                  "length is train_dataset_config['max_length'], response length generate_config's",
 }
 
 
@@ -121,6 +150,11 @@ class AlgorithmConfig:
     policy_loss: str
     value_loss: str
     kl_estimator: str
+    dynamic_batching: bool = True
+    response_format_tags: Optional[Mapping[str, Mapping[str, Any]]] = None
+    code_verifier_api_url: Optional[str] = None
+    algo: str = "GRPO"  # the advantage estimator: grpo_config['algo'], else core_algo
+    max_new_tokens: Optional[int] = None  # L of the rule rewards' length rules: grpo_config's, else generation's
 
 
 def core_algos() -> List[str]:
@@ -135,13 +169,11 @@ def build_algorithm(errors: List[str], core_algo: Any, grpo: Mapping[str, Any],
         hint = closest(str(core_algo).upper(), core_algos())
         errors.append(f"core_algo must be one of {core_algos()}, got {core_algo!r}{hint}")
         return None
-    spec = algorithms.spec(core_algo)
     check_section_keys(errors, "grpo_config", grpo, [*ALGORITHM_KEYS, *OTHER_KEYS], IGNORED_KEYS)
-    if grpo.get("algo", core_algo) != core_algo:
-        errors.append(f"grpo_config['algo'] = {grpo['algo']!r} disagrees with core_algo = {core_algo!r}; make them "
-                      f"equal (or drop grpo_config['algo'])")
+    estimator = _estimator(errors, core_algo, grpo.get("algo", core_algo))
+    spec = algorithms.spec(estimator)
     if num_generations < spec.min_group_size:
-        errors.append(f"{core_algo} normalises rewards within a group of num_generations responses per prompt: "
+        errors.append(f"{estimator} normalises rewards within a group of num_generations responses per prompt: "
                       f"num_generations must be >= {spec.min_group_size}, got {num_generations}; use "
                       f"core_algo='PPO' for one response")
     values: Dict[str, Any] = {}
@@ -152,4 +184,25 @@ def build_algorithm(errors: List[str], core_algo: Any, grpo: Mapping[str, Any],
             expect = entry.expect(value) if callable(entry.expect) else entry.expect
             errors.append(f"grpo_config['{key}'] must be {expect}, got {value!r}")
         values[key] = value
-    return AlgorithmConfig(**values)
+    if values["soft_over_length_punishment"] is True and values["cache_length"] is None:
+        errors.append("grpo_config['soft_over_length_punishment'] needs grpo_config['cache_length'] (the tokens "
+                      "before max_new_tokens where the penalty grows; ColossalChat's DAPO uses min(1024, "
+                      "max_new_tokens // 4))")
+    big = grpo.get("max_new_tokens")  # its type is checked with the sampling settings, which fall back on it
+    big = big if isinstance(big, int) and not isinstance(big, bool) and big > 0 else None
+    return AlgorithmConfig(**values, algo=estimator, max_new_tokens=big)
+
+
+def _estimator(errors: List[str], core_algo: str, algo: Any) -> str:
+    """The advantage estimator: ``grpo_config['algo']`` (ColossalChat's consumer computes the advantage it names),
+    within the consumer ``core_algo`` picks: with a critic (PPO) or without (the GRPO family, which ColossalChat
+    serves with one consumer class)."""
+    if not isinstance(algo, str) or algo.upper() not in core_algos() or algo != algo.upper():
+        hint = closest(str(algo).upper(), core_algos())
+        errors.append(f"grpo_config['algo'] must be one of {core_algos()}, got {algo!r}{hint}")
+        return core_algo
+    if algorithms.spec(algo).needs_critic != algorithms.spec(core_algo).needs_critic:
+        errors.append(f"grpo_config['algo'] = {algo!r} and core_algo = {core_algo!r}: one trains a critic and the "
+                      f"other does not; make them equal (or drop grpo_config['algo'])")
+        return core_algo
+    return algo

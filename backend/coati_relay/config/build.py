@@ -80,20 +80,42 @@ def count_prompts(errors: List[str], dataset: Any, tokenizer_path: str, max_prom
 
 
 def _reward(errors: List[str], grpo: Dict[str, Any], reward_model_config: Optional[Dict[str, Any]]):
-    reward = grpo.get("reward_fn", grpo.get("reward_fn_type", "toy_letter"))
+    """The run's reward: ColossalChat's ``reward_fn_type`` (required there: 'think_answer_tags', 'boxed' or 'code';
+    a registered reward name is this engine's extension), or the extensions ``reward_fn`` (a callable or a
+    registered name, which wins) and ``reward_model_config``."""
+    from coati_relay.rewards.verifiable import RULE_REWARDS, STRUCTURE_TAG_NAMES
+
     if reward_model_config:
-        return reward
-    if callable(reward):
+        return grpo.get("reward_fn", grpo.get("reward_fn_type"))
+    if "reward_fn" not in grpo and "reward_fn_type" not in grpo:
+        errors.append(f"grpo_config needs 'reward_fn_type' (ColossalChat's producer reads it: one of "
+                      f"{list(RULE_REWARDS)}), or one of this engine's extensions: grpo_config['reward_fn'] (a "
+                      f"callable or a registered reward name, e.g. 'toy_letter') or reward_model_config")
+        return None
+    key = "reward_fn" if "reward_fn" in grpo else "reward_fn_type"
+    reward = grpo[key]
+    if callable(reward) and key == "reward_fn":
         return reward
     if not isinstance(reward, str):
-        errors.append(f"grpo_config['reward_fn'] must be a registered name or a callable, got {type(reward).__name__}")
+        errors.append(f"grpo_config[{key!r}] must be "
+                      f"{'a registered name or a callable' if key == 'reward_fn' else 'a str'}, got "
+                      f"{type(reward).__name__}")
+        return reward
+    if reward == "code" and not grpo.get("code_verifier_api_url"):
+        errors.append("grpo_config['reward_fn_type'] = 'code' posts each program to a code verifier service: set "
+                      "grpo_config['code_verifier_api_url'] (e.g. 'http://localhost:8000/check_correctness')")
+    tags = grpo.get("response_format_tags")
+    if reward == "think_answer_tags" and isinstance(tags, dict) and not set(STRUCTURE_TAG_NAMES) <= set(tags):
+        errors.append(f"grpo_config['response_format_tags'] for 'think_answer_tags' must name the tags "
+                      f"{list(STRUCTURE_TAG_NAMES)}, got {sorted(tags)}")
+    if reward in RULE_REWARDS:
         return reward
     from coati_relay.rewards import get_reward_fn
 
     try:
         get_reward_fn(reward)
     except ValueError as exc:
-        errors.append(f"grpo_config['reward_fn_type']: {exc}")
+        errors.append(f"grpo_config[{key!r}]: {exc} (ColossalChat's reward_fn_type values: {list(RULE_REWARDS)})")
     return reward
 
 
@@ -320,7 +342,7 @@ def build_run_config(
                                         resume_from, tmc.get("checkpoint_path"))
     data = _data(errors, tdc, models.tokenizer_path, batches.inference_batch_size * roles.num_producers)
     if not errors:
-        reward, user_code = _ship(errors, reward, core_algo, bool(rm_cfg), algo)
+        reward, user_code = _ship(errors, reward, algo.algo, bool(rm_cfg), algo)
     if errors:
         raise ConfigError("invalid launch configuration:\n  - " + "\n  - ".join(errors))
     return RunConfig(roles=roles, batches=batches, models=models, data=data, sampling=sampling, plugin=plugin,
@@ -381,7 +403,8 @@ def _ship(errors: List[str], reward: Any, core_algo: str, reward_model: bool,
             return reward, UserCode(user_entries(None, core_algo, algo))
         if callable(reward) and not comes_with_engine(reward):
             reward = ByValue(reward, f"grpo_config['reward_fn'] ({module_name(reward)})")
-        return reward, UserCode(user_entries(reward, core_algo, algo))
+        registered = None if reward == "code" else reward  # the code reward is no registry entry
+        return reward, UserCode(user_entries(registered, core_algo, algo))
     except UserCodeError as exc:
         errors.append(str(exc))
         return reward, UserCode()

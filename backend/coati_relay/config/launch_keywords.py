@@ -58,17 +58,20 @@ LAUNCH_KEYWORDS: Dict[str, Tuple[str, str]] = {
     "train_model_config": (CC, "the trained policy: {'path' (a directory or Hub ID; default: the inference model's), "
                                "'lora': {'r', 'alpha', 'target_modules', 'dropout'}, 'gradient_checkpointing', "
                                "'checkpoint_path' (as resume_from)}"),
-    "grpo_config": (CC, "the algorithm's settings: lr, beta, clip_eps_low/high, loss_variation, "
-                        "train_microbatch_size, reward_fn_type or reward_fn (a registered name or a callable), "
-                        "policy_loss, value_loss, kl_estimator (registered names) and the other keys of "
-                        "coati_relay.config.algorithm"),
+    "grpo_config": (CC, "the algorithm's settings: algo (the advantage estimator; default core_algo), lr, beta, "
+                        "clip_eps_low/high, loss_variation, filter_range, dynamic_batching, "
+                        "filter_truncated_response, soft_over_length_punishment, cache_length, max_new_tokens, "
+                        "train_microbatch_size, reward_fn_type (required: 'think_answer_tags', 'boxed', 'code' with "
+                        "code_verifier_api_url; extension: a registered name), response_format_tags; extensions: "
+                        "reward_fn (a registered name or a callable), policy_loss, value_loss, kl_estimator "
+                        "(registered names) and the other keys of coati_relay.config.algorithm"),
     "plugin_config": (CC, "the ColossalAI Booster plugin: {'plugin': 'ddp', 'zero2', 'gemini' or 'hybrid', its "
                           "options (tp_size, pp_size, zero_stage, precision, ...), 'max_norm': gradient clipping}"),
     "tokenizer_config": (CC, "{'path': a directory or Hub ID} when the tokenizer is not the inference model's"),
     "inference_backend": (CC, "'vllm' or 'transformers' (generate; the fallback, and the legacy sampling)"),
     "num_generations": (CC, "responses sampled per prompt (the group of GRPO's advantages)"),
-    "core_algo": (CC, "the advantage estimator by registered name: 'GRPO', 'DAPO', 'RLOO', 'REINFORCE_PPB', or "
-                      "'PPO' (extension: with a critic)"),
+    "core_algo": (CC, "the consumer: 'GRPO', 'DAPO', 'RLOO', 'REINFORCE_PPB' (one consumer; grpo_config['algo'] "
+                      "picks the advantage, default core_algo) or 'PPO' (extension: with a critic)"),
     "project_name": (CC, "the run's name: default run directory runs/NAME, trackers' project"),
     "save_interval": (CC, "checkpoint every this many rounds (weight versions), and at the end"),
     "save_dir": (CC, "where checkpoints go (save_dir/checkpoints/step-NNNNNN; default: run_dir)"),

@@ -1,7 +1,10 @@
 """Rewards: rule-based reward functions by name, any user callable, and a learned reward-model scorer.
 
 ``get_reward_fn("boxed" | "think_answer_tags" | "toy_letter" | callable)`` returns a checked
-``fn(responses, gt_answers, prompts) -> Tensor [N]``; `RewardModelScorer` scores token sequences.
+``fn(responses, gt_answers, prompts) -> Tensor [N]``; `RewardModelScorer` scores token sequences. A run whose
+``grpo_config['reward_fn_type']`` is one of ColossalChat's (``think_answer_tags``, ``boxed``, ``code``) scores with
+`coati_relay.rewards.verifiable.VerifiableReward` instead: reward, format and answer accuracy, ColossalChat's length
+rules.
 """
 from coati_relay.rewards.math_rewards import (
                                               MathGrade,

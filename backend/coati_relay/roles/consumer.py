@@ -6,7 +6,8 @@ ranks write checkpoints together (rank 0 writes the files). Models and batches l
 (`coati_relay.cluster.devices`): a batch is moved there once, on entering `train_round`.
 
 Per round (``P`` prompts on this rank, ``G`` responses each, ``N = P*G`` sequences, ``R`` response tokens): the
-advantages come from the estimator registered under ``core_algo`` (`coati_relay.algorithms.estimators`), fed the
+advantages come from the estimator registered under ``grpo_config['algo']`` (else ``core_algo``;
+`coati_relay.algorithms.estimators`), fed the
 rewards [N], the reference model's log-probs [N, R] when its KL weight is > 0, and a critic's values [N, R] when
 the estimator's spec asks for one (PPO; the critic then learns with the clipped value loss). The policy loss carries
 ``beta * KL`` unless the estimator put the KL into rewards or advantages itself.
@@ -137,7 +138,7 @@ class ConsumerWorker:
 
         cfg = self.cfg
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.models.tokenizer_path)
-        spec = algos.spec(cfg.core_algo)
+        spec = algos.spec(cfg.algo.algo)
         policy = load_causal_lm(cfg.models.train_path, lora=cfg.models.lora,
                                 gradient_checkpointing=cfg.models.gradient_checkpointing)
         critic = reference = None
@@ -177,14 +178,14 @@ class ConsumerWorker:
         from coati_relay.training.booster_backend import TrainingBackend
 
         cfg, a = self.cfg, self.cfg.algo
-        self.spec = algos.spec(cfg.core_algo)
-        self.estimator = algos.get("advantage", cfg.core_algo)
+        self.spec = algos.spec(a.algo)
+        self.estimator = algos.get("advantage", a.algo)
         kl_weight = getattr(a, self.spec.kl_weight_key)
         if (kl_weight > 0) != (reference is not None):
-            raise ValueError(f"{cfg.core_algo} with {self.spec.kl_weight_key}={kl_weight} needs "
+            raise ValueError(f"{a.algo} with {self.spec.kl_weight_key}={kl_weight} needs "
                              f"{'a' if kl_weight > 0 else 'no'} reference model")
         if self.spec.needs_critic != (critic is not None):
-            raise ValueError(f"{cfg.core_algo} trains {'a' if self.spec.needs_critic else 'no'} critic")
+            raise ValueError(f"{a.algo} trains {'a' if self.spec.needs_critic else 'no'} critic")
         total_steps = cfg.total_rounds * cfg.optimizer_steps_per_round * a.ppo_epochs
         b = cfg.batches
         micro_batches = -(-b.train_batch_size * b.num_generations // micro_batch_rows(b))
@@ -309,15 +310,23 @@ class ConsumerWorker:
         """Advantages, then ``ppo_epochs`` passes of optimizer steps over this rank's share of a round.
 
         Every rank of the data-parallel group calls it on a batch of the same number of rows (collectives: the
-        counts of each step, the statistics at the end).
+        counts of each step, the statistics at the end). With ``filter_range`` and ``dynamic_batching`` (ColossalChat's
+        default), the groups outside the range leave the round and the kept ones fill optimizer steps of
+        ``train_batch_size`` groups; the groups short of a whole step (on the rank with the fewest) wait for the next
+        round, where they train beside its groups (`_dynamic_batch`).
         """
         a = self.cfg.algo
+        stats: Dict[str, float] = {"reward": batch.rewards.float().mean().item(),
+                                   "response_length": batch.response_lengths.float().mean().item()}
+        if a.filter_range and a.dynamic_batching:
+            batch = self._dynamic_batch(batch, stats)
+            if not batch.num_sequences:  # the same on every rank: no step this round, the weights stay
+                return self._over_ranks({**stats, "skipped_steps": 1.0})
         num_resp = batch.response_ids.size(1)
         seq, attn, mask, behaviour, rewards, lengths = to_device(
             self.device, batch.sequences, batch.attention_mask, batch.response_mask.float(), batch.logprobs,
             batch.rewards.float(), batch.response_lengths)
         g = batch.group_size
-        stats: Dict[str, float] = {"reward": rewards.mean().item(), "response_length": lengths.float().mean().item()}
         self._eval_mode()  # no dropout in the old log-probs and values; `_optimizer_step` restores train mode
         with torch.no_grad():
             old_logp = behaviour
@@ -331,7 +340,8 @@ class ConsumerWorker:
             if self.critic is not None:
                 values = self._values(seq, attn, batch.prompt_ids.size(1), num_resp)
             out = self.estimator(algos.AdvantageInputs(rewards, g, mask, old_logp, ref_logp, values), a)
-            loss_mask = self._loss_mask(rewards, lengths, g)
+            loss_mask = self._loss_mask(_accuracy(batch).to(self.device), lengths, g,
+                                        by_range=not a.dynamic_batching)
         stats["kept_fraction"] = loss_mask.mean().item()
         rows = StepRows(seq, attn, mask, old_logp, out.advantages, loss_mask, ref_logp, values, out.returns)
         per_step = self.cfg.batches.train_batch_size * g
@@ -341,6 +351,27 @@ class ConsumerWorker:
             present = [st[key] for st in step_stats if key in st]
             stats[key] = sum(present) / len(present)
         return self._over_ranks(stats)
+
+    def _dynamic_batch(self, batch: Rollout, stats: Dict[str, float]) -> Rollout:
+        """ColossalChat's dynamic batching: drops the groups whose mean answer accuracy is not strictly inside
+        ``filter_range``, joins the kept ones to those left from earlier rounds and returns the first ``k *
+        train_batch_size`` of them, k the whole steps the rank with the fewest can fill (every rank steps together);
+        the rest wait in ``self._carry`` for the next round."""
+        lo, hi = self.cfg.algo.filter_range
+        g, tbs = batch.group_size, self.cfg.batches.train_batch_size
+        mean = _accuracy(batch).float().view(-1, g).mean(dim=1)
+        kept = ((mean > lo) & (mean < hi)).nonzero().flatten().tolist()
+        stats["kept_group_fraction"] = len(kept) / max(1, batch.num_prompts)
+        carry = getattr(self, "_carry", None)
+        parts = ([carry] if carry is not None else []) + [batch.take_groups(kept)]
+        pad = getattr(getattr(self, "tokenizer", None), "pad_token_id", None) or 0
+        pool = Rollout.concat(parts, pad)
+        from coati_relay.training.distributed import all_reduce_min
+
+        ready = all_reduce_min(pool.num_prompts // tbs) * tbs
+        self._carry = pool.take_groups(range(ready, pool.num_prompts)) if ready < pool.num_prompts else None
+        stats["carried_groups"] = float(pool.num_prompts - ready)
+        return pool.take_groups(range(ready))
 
     def _eval_mode(self) -> None:
         self.policy.model.eval()
@@ -367,14 +398,17 @@ class ConsumerWorker:
         v = self.critic.model(seq, attention_mask=attn)
         return v[:, prompt_len - 1: prompt_len - 1 + num_resp].float()
 
-    def _loss_mask(self, rewards: torch.Tensor, lengths: torch.Tensor, group_size: int) -> torch.Tensor:
-        """[N] 1.0 for sequences that train, 0.0 for those DAPO's filters drop: groups whose mean reward is not
-        strictly inside ``filter_range``, responses cut at ``max_new_tokens``."""
+    def _loss_mask(self, accuracy: torch.Tensor, lengths: torch.Tensor, group_size: int,
+                   by_range: bool = True) -> torch.Tensor:
+        """[N] 1.0 for sequences that train, 0.0 for those the filters drop: with ``by_range``, groups whose mean
+        answer accuracy (``accuracy`` [N]: ans_acc, or the reward where the reward gives no accuracy) is not
+        strictly inside ``filter_range``; with ``filter_truncated_response``, responses that reach
+        ``max_new_tokens``."""
         a = self.cfg.algo
-        keep = torch.ones_like(rewards)
-        if a.filter_range and group_size > 1:
+        keep = torch.ones(lengths.shape, dtype=torch.float32, device=lengths.device)
+        if a.filter_range and by_range and accuracy.numel():
             lo, hi = a.filter_range
-            mean = rewards.view(-1, group_size).mean(dim=1, keepdim=True).expand(-1, group_size)
+            mean = accuracy.float().view(-1, group_size).mean(dim=1, keepdim=True).expand(-1, group_size)
             keep *= ((mean > lo) & (mean < hi)).reshape(-1).float()
         if a.filter_truncated_response:
             keep *= (lengths < self.cfg.sampling.max_new_tokens).float()
@@ -396,3 +430,9 @@ class ConsumerWorker:
 
 
 _SUMMED_STATS = {"loss", "value_loss"}
+
+
+def _accuracy(batch: Rollout) -> torch.Tensor:
+    """[N] what ``filter_range`` compares: the answer accuracy a rule reward gives (ColossalChat's ans_acc), else
+    the reward (registered or callable rewards, a reward model)."""
+    return (batch.ans_acc if batch.ans_acc is not None else batch.rewards).float()

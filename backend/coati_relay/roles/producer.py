@@ -107,19 +107,32 @@ class ProducerWorker:
         self.sampler = PromptSampler(len(self.dataset), cfg.batches.inference_microbatch_size, seed=cfg.seed)
 
     def _load_scoring(self) -> None:
-        """The reward model (on the backend's device) or the rule reward."""
+        """The reward model (on the backend's device), ColossalChat's rule reward or the registered/callable one."""
         cfg = self.cfg
         self.device = self.backend.device
-        self.reward_fn = self.rm_scorer = None
+        self.reward_fn = self.rm_scorer = self.rule_reward = None
         if cfg.models.reward_model_path:
             from coati_relay.rewards import RewardModelScorer
 
             self.rm_scorer = RewardModelScorer(cfg.models.reward_model_path, tokenizer=self.tokenizer,
                                                device=self.device)
+            return
+        from coati_relay.rewards.verifiable import RULE_REWARDS, VerifiableReward
+
+        a = cfg.algo
+        if isinstance(cfg.reward, str) and cfg.reward in RULE_REWARDS:
+            self.rule_reward = VerifiableReward(
+                cfg.reward, max_new_tokens=self._length_limit(),
+                soft_over_length_punishment=a.soft_over_length_punishment, cache_length=a.cache_length,
+                tags=a.response_format_tags, code_verifier_api_url=a.code_verifier_api_url)
         else:
             from coati_relay.rewards import get_reward_fn
 
             self.reward_fn = get_reward_fn(cfg.reward)
+
+    def _length_limit(self) -> int:
+        """L of the length rules: grpo_config['max_new_tokens'] (ColossalChat's), else the generation's."""
+        return self.cfg.algo.max_new_tokens or self.cfg.sampling.max_new_tokens
 
     # -- weights ---------------------------------------------------------------------------------------------
     def _load_version(self, min_version: int, timeout_s: float) -> None:
@@ -165,23 +178,31 @@ class ProducerWorker:
         return self.sampler.batch(episode * self.sampler.tasks_per_epoch + k)
 
     def _score(self, rollout: Rollout, prompts_text: List[str]) -> torch.Tensor:
+        """[N] rewards of ``rollout``'s responses (`_score_all`'s first)."""
+        return self._score_all(rollout, prompts_text)[0]
+
+    def _score_all(self, rollout: Rollout, prompts_text: List[str]):
+        """(rewards, format_acc, ans_acc), each [N] (the last two None where the reward gives only a score)."""
         if self.rm_scorer is not None:
-            return self.rm_scorer(rollout.sequences, rollout.attention_mask).float()
+            return self.rm_scorer(rollout.sequences, rollout.attention_mask).float(), None, None
         texts = self.tokenizer.batch_decode(
             [ids[: int(n)] for ids, n in zip(rollout.response_ids.tolist(), rollout.response_lengths.tolist())],
             skip_special_tokens=True)
         g = rollout.group_size
+        if self.rule_reward is not None:
+            column = "test_cases" if self.rule_reward.kind == "code" else "gt_answer"
+            targets = [t for t in rollout.info.get(column, [None] * rollout.num_prompts) for _ in range(g)]
+            scores = self.rule_reward(texts, rollout.response_lengths.cpu(), targets)
+            return scores[:, 0], scores[:, 1], scores[:, 2]
         gts = [a for a in rollout.info.get("gt_answer", [None] * rollout.num_prompts) for _ in range(g)]
         prompts = [p for p in prompts_text for _ in range(g)]
         rewards = self.reward_fn(texts, gts, prompts).float()
-        if self.cfg.algo.soft_over_length_punishment:
+        if self.cfg.algo.soft_over_length_punishment:  # engine extension: the rule on a registered/callable reward
             from coati_relay.rewards import soft_overlength_penalty
 
-            big = self.cfg.sampling.max_new_tokens
-            rewards = soft_overlength_penalty(rewards, rollout.response_lengths, big,
-                                              self.cfg.algo.cache_length or max(1, big // 4),
-                                              scale=self.cfg.algo.overlength_scale)
-        return rewards
+            rewards = soft_overlength_penalty(rewards, rollout.response_lengths, self._length_limit(),
+                                              self.cfg.algo.cache_length, scale=self.cfg.algo.overlength_scale)
+        return rewards, None, None
 
     def make_rollout(self, task: int) -> Tuple[Rollout, Dict[str, float]]:
         """Generates and scores ``task``'s prompts with the loaded weights; returns the rollout and its metadata
@@ -192,7 +213,8 @@ class ProducerWorker:
         t0 = time.perf_counter()
         rollout = self.backend.generate([self.dataset.prompt_ids[i] for i in idx], cfg.batches.num_generations, info)
         gen_s = time.perf_counter() - t0
-        rollout.rewards = self._score(rollout, info.get("prompt_text", [""] * len(idx)))
+        rollout.rewards, rollout.format_acc, rollout.ans_acc = self._score_all(
+            rollout, info.get("prompt_text", [""] * len(idx)))
         tokens = int(rollout.response_lengths.sum())
         self.stats["tasks"] += 1
         self.stats["samples"] += rollout.num_sequences

@@ -215,3 +215,15 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     out = tensor.detach().clone()
     dist.all_reduce(out, op=dist.ReduceOp.SUM)
     return out
+
+
+def all_reduce_min(value: int) -> int:
+    """The smallest ``value`` over every rank of the default group (a collective, like `all_reduce_sum`)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    from coati_relay.cluster.devices import accelerator_device
+
+    out = torch.tensor([value], dtype=torch.int64,
+                       device=accelerator_device() if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(out, op=dist.ReduceOp.MIN)
+    return int(out.item())
