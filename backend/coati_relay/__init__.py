@@ -1,9 +1,10 @@
 """coati-relay's engine: vLLM producers, ColossalAI consumers, Ray in between.
 
 Entry points: `launch_distributed(...)` with ColossalChat's keywords (plus ``core_algo="PPO"``; ``help(
-launch_distributed)`` lists every keyword) and, as in ColossalChat, the zero-bubble variant in a module of its own:
-``from coati_relay.launch_zero_bubble import launch_distributed`` (the same keywords plus
-``data_actor_buffer_size_limit``); both return a `RunResult`. Extension points: `register_reward` (a reward function by name) and `register_algorithm` (an
+launch_distributed)`` lists every keyword) and, as in ColossalChat, the zero-bubble variant in a module of its
+own: ``from coati_relay.launch_zero_bubble import launch_distributed`` (the same keywords plus
+``data_actor_buffer_size_limit``); both return a `RunResult`.
+Extension points: `register_reward` (a reward function by name) and `register_algorithm` (an
 advantage estimator, policy loss, value loss or KL estimator by name; `coati_relay.algorithms.register`).
 Hooks: ``callbacks=[...]`` (`coati_relay.callbacks`), `StopRun` to end a run early, `CallbackError` when a
 hook fails. `build_tiny_model` writes a tiny local model for trying things out.

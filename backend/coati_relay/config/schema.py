@@ -153,7 +153,8 @@ class RunConfig:
 
     @property
     def zero_bubble(self) -> bool:
-        """Producers run ahead within a buffer of ``roles.buffer_prompts`` prompts (`coati_relay.launch_zero_bubble`)."""
+        """Producers run ahead within a buffer of ``roles.buffer_prompts`` prompts
+        (`coati_relay.launch_zero_bubble`)."""
         return self.roles.buffer_prompts > 0
 
     def version_needed(self, task: int) -> Optional[int]:
