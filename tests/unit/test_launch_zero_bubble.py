@@ -9,9 +9,9 @@ import pytest
 from small_run import small_run_kwargs
 
 from coati_relay.config.build import ConfigError
+from coati_relay.exchange.queue import RolloutQueueActor
 from coati_relay.launch import queue_bounds
 from coati_relay.launch_zero_bubble import buffer_limit, zero_bubble_config
-from coati_relay.exchange.queue import RolloutQueueActor
 
 
 def kwargs(tmp_path, model, **over):
