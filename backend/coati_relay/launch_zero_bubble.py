@@ -27,16 +27,13 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from coati_relay.config.build import ConfigError, build_run_config
+from coati_relay.config.checks import is_int
 from coati_relay.config.keys import IGNORED_LAUNCH_KEYS
 from coati_relay.config.launch_keywords import ZERO_BUBBLE_KEYWORDS, keywords_doc
 from coati_relay.config.schema import RunConfig
 from coati_relay.observe.run_result import RunResult
 
 __all__ = ["launch_distributed", "zero_bubble_config", "buffer_limit"]
-
-
-def _int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def buffer_limit(data_actor_buffer_size_limit: int, train_minibatch_size: int, num_consumer_procs: int) -> int:
@@ -52,11 +49,11 @@ def zero_bubble_config(data_actor_buffer_size_limit: Any = 0, n_behind: Optional
                        **kwargs: Any) -> RunConfig:
     """`build_run_config` for the zero-bubble entry; raises one `ConfigError` listing every problem."""
     errors = []
-    if not _int(data_actor_buffer_size_limit):
+    if not is_int(data_actor_buffer_size_limit):
         errors.append(f"data_actor_buffer_size_limit must be an int: the data buffer in prompts (<= 0 for the "
                       f"default, 2 * train_minibatch_size * num_consumer_procs), got "
                       f"{data_actor_buffer_size_limit!r}")
-    if n_behind is not None and (not _int(n_behind) or n_behind < 0):
+    if n_behind is not None and (not is_int(n_behind) or n_behind < 0):
         errors.append(f"n_behind must be None (the default here: staleness bounded by the data buffer alone) or an "
                       f"int >= 0 (a staleness bound in weight versions), got {n_behind!r}")
     if kwargs.get("colocate"):
@@ -64,7 +61,7 @@ def zero_bubble_config(data_actor_buffer_size_limit: Any = 0, n_behind: Optional
                       "while it trains: use coati_relay.launch.launch_distributed(colocate=True) for a "
                       "one-process, on-policy run, or colocate=False here")
     try:
-        cfg = build_run_config(n_behind=n_behind if _int(n_behind) and n_behind >= 0 else 0, **kwargs)
+        cfg = build_run_config(n_behind=n_behind if is_int(n_behind) and n_behind >= 0 else 0, **kwargs)
     except ConfigError as exc:
         if not errors:
             raise
