@@ -1,8 +1,10 @@
 """coati-relay's engine: vLLM producers, ColossalAI consumers, Ray in between.
 
 Entry points: `launch_distributed(...)` with ColossalChat's keywords (plus ``core_algo="PPO"``; ``help(
-launch_distributed)`` lists every keyword) and `launch_zero_bubble(...)` with those of its zero-bubble variant; both
-return a `RunResult`. Extension points: `register_reward` (a reward function by name) and `register_algorithm` (an
+launch_distributed)`` lists every keyword) and, as in ColossalChat, the zero-bubble variant in a module of its
+own: ``from coati_relay.launch_zero_bubble import launch_distributed`` (the same keywords plus
+``data_actor_buffer_size_limit``); both return a `RunResult`.
+Extension points: `register_reward` (a reward function by name) and `register_algorithm` (an
 advantage estimator, policy loss, value loss or KL estimator by name; `coati_relay.algorithms.register`).
 Hooks: ``callbacks=[...]`` (`coati_relay.callbacks`), `StopRun` to end a run early, `CallbackError` when a
 hook fails. `build_tiny_model` writes a tiny local model for trying things out.
@@ -17,7 +19,6 @@ __version__ = "0.1.0"
 # public name -> (module, attribute)
 _EXPORTS = {
     "launch_distributed": ("coati_relay.launch", "launch_distributed"),
-    "launch_zero_bubble": ("coati_relay.zero_bubble", "launch_zero_bubble"),
     "RunResult": ("coati_relay.observe.run_result", "RunResult"),
     "RunFailed": ("coati_relay.observe.run_result", "RunFailed"),
     "CallbackError": ("coati_relay.observe.run_result", "CallbackError"),
@@ -30,18 +31,23 @@ _EXPORTS = {
     "write_toy_dataset": ("coati_relay.toy", "write_toy_dataset"),
 }
 __all__ = sorted(_EXPORTS)
+# submodules that are public entries themselves: `coati_relay.launch_zero_bubble` is the module (as ColossalChat's
+# ``coati.distributed.launch_zero_bubble``), whose `launch_distributed` is the zero-bubble entry
+_ENTRY_MODULES = ("launch_zero_bubble",)
 
 
 def __getattr__(name: str):
+    import importlib
+
+    if name in _ENTRY_MODULES:
+        return importlib.import_module(f"coati_relay.{name}")  # the import binds it here
     if name not in _EXPORTS:
         raise AttributeError(f"module 'coati_relay' has no attribute {name!r}")
     module, attr = _EXPORTS[name]
-    import importlib
-
     value = getattr(importlib.import_module(module), attr)
     globals()[name] = value  # later look-ups skip this function
     return value
 
 
 def __dir__():
-    return sorted({*__all__, "__version__", *(n for n in globals() if n.startswith("__"))})
+    return sorted({*__all__, *_ENTRY_MODULES, "__version__", *(n for n in globals() if n.startswith("__"))})

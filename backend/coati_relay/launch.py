@@ -70,6 +70,18 @@ def _place(cfg: RunConfig) -> Tuple[Any, List[Dict[str, Any]]]:
     return pg, [actor_options(pg, i, req, cpu_env=env) for i, req in enumerate(requests)]
 
 
+def queue_bounds(cfg: RunConfig) -> Dict[str, Any]:
+    """The rollout queue's bounds. Lock-step and ``n_behind``: ``n_behind + 1`` rounds of entries, staleness
+    ``n_behind``. Zero-bubble: no bound in entries; producers claim tasks while fewer than ``buffer_prompts``
+    prompts are claimed or queued (each task ``inference_microbatch_size`` prompts); staleness ``n_behind``
+    (None: none)."""
+    r = cfg.roles
+    if cfg.zero_bubble:
+        return {"maxsize": 0, "staleness": r.n_behind, "buffer_prompts": r.buffer_prompts,
+                "task_prompts": cfg.batches.inference_microbatch_size}
+    return {"maxsize": cfg.tasks_per_round * (r.n_behind + 1), "staleness": r.n_behind}
+
+
 def _start_state(cfg: RunConfig) -> Dict[str, Any]:
     if not cfg.checkpointing.resume_from:
         return {"round": 0}
@@ -129,8 +141,7 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
         cfg.checkpointing.run_dir.mkdir(parents=True, exist_ok=True)
         prefix = f"coati-relay/{cfg.project_name}/{uuid.uuid4().hex[:8]}"  # named, so users can find them in Ray
         service_opts = on_head_node()
-        queue = make_rollout_queue(maxsize=cfg.tasks_per_round * (cfg.roles.n_behind + 1),
-                                   staleness=cfg.roles.n_behind, total_tasks=cfg.total_rounds * cfg.tasks_per_round,
+        queue = make_rollout_queue(**queue_bounds(cfg), total_tasks=cfg.total_rounds * cfg.tasks_per_round,
                                    first_task=start_round * cfg.tasks_per_round, name=f"{prefix}/rollout-queue",
                                    **service_opts)
         store = make_weight_store(name=f"{prefix}/weight-store", **service_opts)
@@ -165,7 +176,8 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
 
         def on_report(rec: Dict[str, Any]) -> None:
             history.append(rec)
-            numbers = {k: v for k, v in rec.items() if k not in ("step", "time") and isinstance(v, (int, float))}
+            numbers = {k: v for k, v in rec.items()  # clock times (``*_at``) stay in the history only
+                       if k not in ("step", "time") and not k.endswith("_at") and isinstance(v, (int, float))}
             record = logger.log(int(rec["step"]), numbers)
             bar.update(int(rec["step"]) - 1, numbers)
             stop = hooks.round_end(int(rec["step"]), record, rec.get("checkpoint"))

@@ -11,13 +11,13 @@ from coati_relay.config.build import build_run_config
 from coati_relay.config.keys import IGNORED_LAUNCH_KEYS
 from coati_relay.config.launch_keywords import LAUNCH_KEYWORDS
 
-PUBLIC = ("launch_distributed", "launch_zero_bubble", "RunResult", "register_reward", "register_algorithm",
+PUBLIC = ("launch_distributed", "RunResult", "register_reward", "register_algorithm",
           "build_tiny_model", "ConfigError", "RunFailed", "build_run_config", "write_toy_dataset",
           "CallbackError", "StopRun")
 
 
 def test_public_names_import_and_are_listed():
-    from coati_relay import RunResult, build_tiny_model, launch_zero_bubble, register_reward
+    from coati_relay import RunResult, build_tiny_model, register_reward
     from coati_relay.algorithms import register
     from coati_relay.observe.run_result import RunResult as result_class
     from coati_relay.rewards import register_reward as registry_register_reward
@@ -25,9 +25,22 @@ def test_public_names_import_and_are_listed():
 
     assert (RunResult, build_tiny_model, register_reward) == (result_class, toy_builder, registry_register_reward)
     assert coati_relay.register_algorithm is register
-    assert launch_zero_bubble.__module__ == "coati_relay.zero_bubble"
     assert set(PUBLIC) == set(coati_relay.__all__)
     assert set(PUBLIC) <= set(dir(coati_relay))
+
+
+def test_launch_zero_bubble_is_the_module_with_colossalchat_s_entry():
+    """As ColossalChat's ``coati.distributed.launch_zero_bubble``: a module whose `launch_distributed` is the
+    zero-bubble entry; the package attribute of that name is the module, however it is reached."""
+    from coati_relay import launch_zero_bubble
+    from coati_relay.launch_zero_bubble import launch_distributed
+
+    assert launch_zero_bubble.__name__ == "coati_relay.launch_zero_bubble"
+    assert coati_relay.launch_zero_bubble is launch_zero_bubble and "launch_zero_bubble" in dir(coati_relay)
+    assert launch_distributed is launch_zero_bubble.launch_distributed is not coati_relay.launch_distributed
+    doc = launch_distributed.__doc__
+    assert "\n    data_actor_buffer_size_limit (ColossalChat): the data buffer, in prompts" in doc
+    assert "\n    n_behind (extension here" in doc and "data_actor_buffer_size_limit: " not in doc
 
 
 def test_an_unknown_name_is_an_attribute_error():

@@ -172,7 +172,8 @@ def test_consumer_replaces_a_rollout_that_died_with_its_producer(ray_cluster, mo
     fetch = consumer.fetch_or_none
     monkeypatch.setattr(consumer, "fetch_or_none",
                         lambda rs, timeout_s: [None if r == refs["lost"] else x for r, x in zip(rs, fetch(rs, 10))])
-    worker = SimpleNamespace(cfg=SimpleNamespace(roles=SimpleNamespace(timeout_s=10)), queue=q, rank=0)
+    cfg = SimpleNamespace(roles=SimpleNamespace(timeout_s=10), zero_bubble=False)
+    worker = SimpleNamespace(cfg=cfg, queue=q, rank=0)
     entries, rollouts = consumer.ConsumerWorker._take(worker, 2, 0)
     assert rollouts == ["kept", "next"] and [e.task for e in entries] == [1, 2]
     c = ray.get(q.counters.remote(), timeout=30)

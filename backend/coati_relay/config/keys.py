@@ -28,8 +28,8 @@ IGNORED_LAUNCH_KEYS = {
     "eval_save_dir": "evaluation is not run", "eval_generation_config": "evaluation is not run",
     "log_rollout_interval": "rollouts are not logged", "rollout_save_dir": "rollouts are not logged",
     "enable_profiling": "no profiler is attached",
-    "data_actor_buffer_size_limit": "it is launch_zero_bubble's; launch_distributed's rollout queue is bounded by "
-                                    "n_behind",
+    "data_actor_buffer_size_limit": "it is the zero-bubble entry's (coati_relay.launch_zero_bubble."
+                                    "launch_distributed); this entry's rollout queue is bounded by n_behind",
 }
 
 _WARNED: set = set()

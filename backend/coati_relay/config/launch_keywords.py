@@ -102,11 +102,27 @@ LAUNCH_KEYWORDS: Dict[str, Tuple[str, str]] = {
 }
 
 
-def keywords_doc(head: str, ignored: Mapping[str, str], skip: Iterable[str] = (), width: int = 116) -> str:
+# The zero-bubble entry (`coati_relay.launch_zero_bubble.launch_distributed`, ColossalChat's
+# ``coati.distributed.launch_zero_bubble``): its own keyword, and the one whose default differs there.
+ZERO_BUBBLE_KEYWORDS: Dict[str, Tuple[str, str]] = {
+    "n_behind": ("extension here; ColossalChat's zero-bubble entry has no such keyword",
+                 "staleness bound, meant as in launch_distributed: an int k >= 0 trains only on rollouts made by "
+                 "weights at most k versions old (staler ones are made again) and makes producers wait for such "
+                 "weights; None, the default, bounds staleness by the data buffer alone, as ColossalChat does"),
+    "data_actor_buffer_size_limit": (CC, "the data buffer, in prompts: a producer claims its next micro-batch "
+                                         "(inference_microbatch_size prompts) only while fewer than this many "
+                                         "prompts are claimed by producers or queued for the consumers, and waits "
+                                         "otherwise; <= 0, the default: 2 * train_minibatch_size * "
+                                         "num_consumer_procs"),
+}
+
+
+def keywords_doc(head: str, ignored: Mapping[str, str], skip: Iterable[str] = (), width: int = 116,
+                 overrides: Mapping[str, Tuple[str, str]] = None) -> str:
     """``head`` followed by one paragraph per keyword but those in ``skip`` (and the ColossalChat keywords accepted
-    without effect)."""
+    without effect). ``overrides``: keyword -> (origin, meaning) replacing or adding to `LAUNCH_KEYWORDS`."""
     lines = [inspect.cleandoc(head), "", "Keywords:"]
-    for name, (origin, meaning) in LAUNCH_KEYWORDS.items():
+    for name, (origin, meaning) in {**LAUNCH_KEYWORDS, **(overrides or {})}.items():
         if name in skip:
             continue
         lines += textwrap.wrap(f"{name} ({origin}): {meaning}.", width=width, initial_indent="    ",

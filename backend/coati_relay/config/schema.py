@@ -28,12 +28,13 @@ class Roles:
     inference_backend: str
     weight_sync: str
     on_producer_failure: str
-    n_behind: int
+    n_behind: Optional[int]
     timeout_s: float
     placement_strategy: str = "PACK"
     placement_timeout_s: float = 30.0
     role_resources: Dict[str, Dict[str, float]] = field(default_factory=dict)
     colocate: bool = False
+    buffer_prompts: int = 0
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,16 @@ class RunConfig:
     def optimizer_steps_per_round(self) -> int:
         return self.prompts_per_round // (self.batches.train_batch_size * self.roles.num_consumers)
 
-    def version_needed(self, task: int) -> int:
+    @property
+    def zero_bubble(self) -> bool:
+        """Producers run ahead within a buffer of ``roles.buffer_prompts`` prompts
+        (`coati_relay.launch_zero_bubble`)."""
+        return self.roles.buffer_prompts > 0
+
+    def version_needed(self, task: int) -> Optional[int]:
         """The oldest weight version a producer may run ``task`` with: task t belongs to round
-        ``t // tasks_per_round``, which trains on rollouts at most ``n_behind`` versions old."""
+        ``t // tasks_per_round``, which trains on rollouts at most ``n_behind`` versions old; None without a
+        staleness bound (zero-bubble)."""
+        if self.roles.n_behind is None:
+            return None
         return task // self.tasks_per_round - self.roles.n_behind

@@ -201,9 +201,11 @@ class RolloutQueueActor(ServiceActor):
     """Async Ray actor: the hand-off with blocking put/get and timeouts, the task board, the report log (see
     `make_rollout_queue`)."""
 
-    def __init__(self, maxsize: int = 0, staleness: Optional[int] = 0, total_tasks: int = 0, first_task: int = 0):
+    def __init__(self, maxsize: int = 0, staleness: Optional[int] = 0, total_tasks: int = 0, first_task: int = 0,
+                 buffer_prompts: int = 0, task_prompts: int = 1):
         self.state = RolloutQueueState(maxsize, staleness)
         self.board = TaskBoard(total_tasks, first_task)
+        self.buffer_prompts, self.task_prompts = buffer_prompts, task_prompts  # zero-bubble's data buffer
         self.log = ReportLog()
         self.verdict_step, self.stop_at = -1, None  # the driver's hooks (`coati_relay.callbacks`)
         self._changed = asyncio.Condition()
@@ -251,11 +253,27 @@ class RolloutQueueActor(ServiceActor):
     def qsize(self) -> int:
         return len(self.state.entries)
 
+    def buffered_prompts(self) -> int:
+        """Prompts claimed by producers or queued, not yet taken by a consumer: what zero-bubble's buffer bounds."""
+        return self.board.counters()["tasks_claimed"] * self.task_prompts + sum(e.size for e in self.state.entries)
+
+    def _room(self) -> bool:
+        return self.buffer_prompts <= 0 or self.buffered_prompts() < self.buffer_prompts
+
     def claim_task(self, producer: str, requeued_only: bool = False) -> Optional[int]:
+        """As `TaskBoard.claim`; with a zero-bubble buffer (``buffer_prompts`` > 0) a new task only while fewer
+        than ``buffer_prompts`` prompts are claimed or queued (-1 otherwise: `wait_room`, then claim again)."""
+        if not requeued_only and not self._room() and not self.board.done():
+            return -1
         try:
             return self.board.claim(producer, requeued_only)
         except RuntimeError as exc:  # a producer declared dead
             raise QueueClosed(str(exc)) from None
+
+    async def wait_room(self, timeout_s: Optional[float] = None) -> None:
+        """Blocks while zero-bubble's buffer is full (returns at once without one, or when no task is left);
+        TimeoutError after ``timeout_s``."""
+        await self._wait(lambda: self._room() or self.board.done(), timeout_s, "wait for room in the data buffer")
 
     def report(self, record: Dict[str, Any]) -> None:
         """Consumer rank 0 posts one metrics record per step; the driver reads them with `progress`."""
@@ -306,8 +324,10 @@ class RolloutQueueActor(ServiceActor):
 
 
 def make_rollout_queue(maxsize: int = 0, staleness: Optional[int] = 0, total_tasks: int = 0, first_task: int = 0,
-                       name: Optional[str] = None, namespace: Optional[str] = None, **options: Any):
+                       name: Optional[str] = None, namespace: Optional[str] = None, buffer_prompts: int = 0,
+                       task_prompts: int = 1, **options: Any):
     """Starts a `RolloutQueueActor` (no CPU reserved: it only moves references) and returns its handle.
+    ``buffer_prompts``/``task_prompts``: zero-bubble's data buffer in prompts, and the prompts of one task.
     ``options``: more Ray actor options (e.g. a scheduling strategy)."""
     import ray
 
@@ -316,4 +336,5 @@ def make_rollout_queue(maxsize: int = 0, staleness: Optional[int] = 0, total_tas
         opts["name"] = name
     if namespace:
         opts["namespace"] = namespace
-    return ray.remote(RolloutQueueActor).options(**opts).remote(maxsize, staleness, total_tasks, first_task)
+    return ray.remote(RolloutQueueActor).options(**opts).remote(maxsize, staleness, total_tasks, first_task,
+                                                                buffer_prompts, task_prompts)

@@ -43,6 +43,10 @@ class TaskBoard:
         self._claimed[task] = producer
         return task
 
+    def done(self) -> bool:
+        """No task is left to claim, now or later (a claim would return None)."""
+        return not self._requeued and self._next >= self.total_tasks and not self._claimed and not self._unsettled
+
     def finished(self, task: Optional[int]) -> None:
         """The rollout of ``task`` is queued: it is no longer claimed, and unsettled until a consumer fetches it."""
         if task is not None:

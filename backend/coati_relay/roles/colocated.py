@@ -152,7 +152,8 @@ def _run(cfg: RunConfig, start_round: int, hooks: Any) -> Any:
                 counters[key] += len(made)
                 counters[f"{key}_samples"] += prompts
             history.append(metrics)
-            numbers = {k: v for k, v in metrics.items() if k not in ("step", "time") and isinstance(v, (int, float))}
+            numbers = {k: v for k, v in metrics.items()  # clock times (``*_at``) stay in the history only
+                       if k not in ("step", "time") and not k.endswith("_at") and isinstance(v, (int, float))}
             record = logger.log(int(metrics["step"]), numbers)
             bar.update(int(metrics["step"]) - 1, numbers)
             if hooks.round_end(int(metrics["step"]), record, metrics.get("checkpoint")):

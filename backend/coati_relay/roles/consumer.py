@@ -229,14 +229,16 @@ class ConsumerWorker:
     def _take(self, n: int, r: int) -> Tuple[List[Any], List[Rollout]]:
         """``n`` queue entries for round ``r`` and their rollouts. A rollout whose object died with its producer
         (the producer's node was lost after the entry left the queue) is reported to the queue, which puts its task
-        back on the board, and another entry replaces it."""
+        back on the board, and another entry replaces it. Zero-bubble: the entries are taken one by one."""
         import ray
 
         timeout = self.cfg.roles.timeout_s
         entries: List[Any] = []
         rollouts: List[Rollout] = []
         while len(entries) < n:
-            got = ray.get(self.queue.get.remote(n - len(entries), timeout, r), timeout=timeout + 30)
+            # zero-bubble: one entry at a time, so that each frees its prompts in the data buffer as it arrives
+            want = 1 if self.cfg.zero_bubble else n - len(entries)
+            got = ray.get(self.queue.get.remote(want, timeout, r), timeout=timeout + 30)
             fetched = fetch_or_none([e.payload[0] for e in got], timeout)
             lost = [e for e, x in zip(got, fetched) if x is None]
             if lost:
@@ -279,7 +281,7 @@ class ConsumerWorker:
         (`time.perf_counter`); ``wait_s``: how long getting the rollouts took."""
         cfg = self.cfg
         batch = Rollout.concat(rollouts, self.tokenizer.pad_token_id)
-        t1 = time.perf_counter()
+        t1, started_at = time.perf_counter(), time.time()
         metrics = self.train_round(batch)
         train_s = time.perf_counter() - t1
         self.round += 1
@@ -291,6 +293,7 @@ class ConsumerWorker:
         metrics.update({
             "step": self.round, "version": self.round, "rollout_version_min": min(versions),
             "wait_s": wait_s, "train_s": train_s, "round_s": elapsed,
+            "train_started_at": started_at, "train_ended_at": started_at + train_s,
             "samples": batch.num_sequences * self.world_size,
             "samples_per_s": batch.num_sequences * self.world_size / elapsed,
             "generate_s": sum(m.get("generate_s", 0.0) for m in metas),

@@ -3,9 +3,19 @@
 Task ``t`` belongs to round ``t // tasks_per_round``; a round is what consumers train on between two weight
 versions. A producer generates round ``r`` only with weights of version ``>= r - n_behind`` (0: lock-step,
 on-policy) and always loads the newest version it sees.
+
+Zero-bubble (`coati_relay.launch_zero_bubble`, ``cfg.zero_bubble``): a producer claims a task only while the
+queue's data buffer has room (`RolloutQueueActor.wait_room`), never waits for weights (unless ``n_behind`` is an
+int), and after each inference batch of its own (``inference_batch_size`` prompts) loads the newest version
+published, if it is newer than the one it holds.
+
+Idle time, in ``stats`` (seconds): ``wait_s`` waiting for weights, ``room_wait_s`` waiting for room in the queue
+(zero-bubble's buffer, and a lock-step queue's put while full), ``claim_idle_s`` with no task free to claim.
+``task_log`` holds ``(task, weight version, start, end)`` of each task (``time.time()``).
 """
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -36,7 +46,9 @@ class ProducerWorker:
         self.start_version = start_version
         self.last_load_s = 0.0
         self.stats: Dict[str, float] = {"tasks": 0, "samples": 0, "tokens": 0, "generate_s": 0.0,
-                                        "weight_load_s": 0.0, "weight_loads": 0, "wait_s": 0.0}
+                                        "weight_load_s": 0.0, "weight_loads": 0, "wait_s": 0.0,
+                                        "room_wait_s": 0.0, "claim_idle_s": 0.0}
+        self.task_log: collections.deque = collections.deque(maxlen=10_000)
 
     # -- set-up ----------------------------------------------------------------------------------------------
     def setup(self, weight_addr: str = "", weight_port: int = 0) -> Dict[str, Any]:
@@ -225,27 +237,56 @@ class ProducerWorker:
     def _run_task(self, task: int) -> None:
         import ray
 
+        start = time.time()
         rollout, meta = self.make_rollout(task)
+        self.task_log.append((task, rollout.weight_version, start, time.time()))
         timeout_s = self.cfg.roles.timeout_s
-        _call(self.queue.put, [ray.put(rollout)], rollout.weight_version, rollout.num_prompts, self.name, task,
+        ref = ray.put(rollout)
+        t0 = time.perf_counter()
+        _call(self.queue.put, [ref], rollout.weight_version, rollout.num_prompts, self.name, task,
               timeout_s, meta, timeout_s=timeout_s + 30)
+        self.stats["room_wait_s"] += time.perf_counter() - t0
 
-    def run(self) -> Dict[str, float]:
-        """Works until the board is empty; returns this producer's counters."""
+    def _wait_room(self) -> None:
+        """Zero-bubble: blocks while the queue's data buffer is full."""
+        t0 = time.perf_counter()
+        _call(self.queue.wait_room, self.cfg.roles.timeout_s, timeout_s=self.cfg.roles.timeout_s + 30)
+        self.stats["room_wait_s"] += time.perf_counter() - t0
+
+    def _pick_up_newest(self) -> None:
+        """Zero-bubble, after an inference batch: loads the newest published version if it is newer."""
+        latest = self._latest_version()
+        if latest is not None and latest > self.backend.weight_version:
+            self._load_version(latest, timeout_s=self.cfg.roles.timeout_s)
+
+    def run(self) -> Dict[str, Any]:
+        """Works until the board is empty; returns this producer's counters and its ``task_log``."""
         cfg = self.cfg
+        zero_bubble = cfg.zero_bubble
+        per_batch = cfg.batches.inference_batch_size // cfg.batches.inference_microbatch_size
         while True:
+            if zero_bubble:
+                self._wait_room()
             task = _call(self.queue.claim_task, self.name, timeout_s=30)
             if task is None:
                 break
             if task < 0:
-                time.sleep(0.2)
+                t0 = time.perf_counter()
+                time.sleep(0.05 if zero_bubble else 0.2)
+                self.stats["claim_idle_s"] += time.perf_counter() - t0
                 continue
-            self._ensure_version(cfg.version_needed(task))
+            needed = cfg.version_needed(task)
+            if not zero_bubble:
+                self._ensure_version(needed)
+            elif needed is not None and self.backend.weight_version < needed:
+                self._ensure_version(needed)
             self._run_task(task)
+            if zero_bubble and self.stats["tasks"] % per_batch == 0:
+                self._pick_up_newest()
             if self.stats["tasks"] % 40 == 0:
                 trim_heap()
         self.backend_close()
-        return dict(self.stats)
+        return {**self.stats, "task_log": list(self.task_log)}
 
     def backend_close(self) -> None:
         self.backend.close()
