@@ -31,6 +31,22 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
+PROCESS_GROUP_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def process_group_env_restored():
+    """The legacy `set_dist_env` sets RANK, WORLD_SIZE, ... in the calling process, as it did upstream: a test that
+    calls it in the test process must not leave a group behind for the next test's strategy to wait for."""
+    before = {key: os.environ.get(key) for key in PROCESS_GROUP_ENV}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A local Ray cluster shared by every test of the session (start ~4.5 s, shutdown ~1.3 s)."""
