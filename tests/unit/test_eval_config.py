@@ -117,3 +117,16 @@ def test_vllm_evaluation_must_fit_the_engine_sized_for_training(tmp_path, tiny_m
                       eval_generation_config={"max_new_tokens": 9})
     assert "eval_dataset_config['more']['max_length'] (64) exceeds train_dataset_config's (32)" in message
     assert "max_new_tokens (9) exceeds generate_config's (4)" in message
+
+
+def test_a_resumed_run_may_add_to_its_evaluation_directory(tmp_path, tiny_model_path, tasks):
+    full = tmp_path / "ev"
+    full.mkdir()
+    (full / "letters_training_step_0.jsonl").write_text("{}\n")
+    message = _errors(tmp_path, tiny_model_path, eval_dataset_config=tasks, eval_save_dir=str(full))
+    assert "already exists and is not empty" in message
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-000001"
+    checkpoint.mkdir(parents=True)
+    cfg = build_run_config(**small_run_kwargs(tmp_path, tiny_model_path, eval_dataset_config=tasks,
+                                              eval_save_dir=str(full), resume_from=str(checkpoint)))
+    assert cfg.evaluation.save_dir == full
