@@ -37,6 +37,9 @@ class ProducerWorker:
     store may be actor handles or local objects. In a colocated run (`coati_relay.roles.colocated`) it has neither: the
     driver calls `setup_colocated` and `make_rollout`."""
 
+    evaluator = None  # `coati_relay.observe.evaluation.Evaluator` when the run evaluates (set up in `setup`)
+    rollout_log = None  # `coati_relay.observe.rollout_log.RolloutLog` on producer 0
+
     def __init__(self, index: int, cfg: RunConfig, queue, weight_store, start_version: int = 0):
         self.index = index
         self.name = f"producer-{index}"
