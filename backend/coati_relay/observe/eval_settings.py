@@ -76,7 +76,7 @@ def _directory_problem(value: Any, key: str) -> Optional[str]:
 
 
 def _task(errors: List[str], name: Any, tdc: Any, tokenizer: Any, reward: Any) -> Optional[EvalTask]:
-    from coati_relay.data import load_prompts
+    from coati_relay.prompts import load_prompts
 
     where = f"eval_dataset_config[{name!r}]"
     if not isinstance(name, str) or not name.strip() or any(c in name for c in "/\\\0") or name in (".", ".."):
@@ -89,7 +89,7 @@ def _task(errors: List[str], name: Any, tdc: Any, tokenizer: Any, reward: Any) -
         return None
     unknown = sorted(set(tdc) - set(EVAL_DATASET_KEYS))
     if unknown:
-        from coati_relay.config_keys import closest
+        from coati_relay.config.keys import closest
 
         errors += [f"{where} has no key {k!r}{closest(str(k), EVAL_DATASET_KEYS)}; valid keys: "
                    f"{list(EVAL_DATASET_KEYS)}" for k in unknown]
@@ -129,8 +129,8 @@ def _eval_sampling(errors: List[str], gen: Mapping[str, Any], overrides: Mapping
                    train: SamplingConfig) -> tuple:
     """generate_config with n=1, updated by ``overrides`` (ColossalChat: SamplingParams of the merged dict);
     temperature 0 (greedy) is allowed here."""
-    from coati_relay.config_keys import closest
-    from coati_relay.config_sampling import build_sampling
+    from coati_relay.config.keys import closest
+    from coati_relay.config.sampling import build_sampling
 
     unknown = sorted(set(overrides) - set(EVAL_GENERATE_KEYS))
     for k in unknown:

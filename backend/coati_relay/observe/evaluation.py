@@ -68,7 +68,7 @@ class Evaluator:
     sampling and grades (`ProducerWorker._eval_batch`)."""
 
     def __init__(self, settings: EvalSettings, tokenizer: Any, index: int, num_producers: int, batch_size: int):
-        from coati_relay.data import load_prompts
+        from coati_relay.prompts import load_prompts
 
         self.settings = settings
         self.batch_size = max(1, batch_size)
