@@ -124,7 +124,8 @@ LAUNCH_KEYWORDS: Dict[str, Tuple[str, str]] = {
     "callbacks": (EXT, "objects with hook methods on_run_start(config), on_round_end(step, metrics), "
                        "on_checkpoint(step, path), on_evaluate(step, results) (after each evaluation, with "
                        "the record written to metrics.jsonl), on_run_end(result), called in the driver in list "
-                       "order; on_round_end may raise coati_relay.StopRun to end the run there with a checkpoint (coati_relay.callbacks)"),
+                       "order; on_round_end may raise coati_relay.StopRun to end the run there with a "
+                       "checkpoint (coati_relay.callbacks)"),
 }
 
 
