@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
 
+from coati_relay.config.checks import is_int
 from coati_relay.inference.base import SamplingConfig
 
 EVAL_DATASET_KEYS = ("path", "prompts", "max_length", "system_prompt")
@@ -54,10 +55,6 @@ class RolloutLogSettings:
 
     path: Path
     interval: int
-
-
-def _int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _directory_problem(value: Any, key: str) -> Optional[str]:
@@ -103,7 +100,7 @@ def _task(errors: List[str], name: Any, tdc: Any, tokenizer: Any, reward: Any) -
         errors.append(f"{where}['path'] must be the path of a .jsonl or .csv file, got {dataset!r}")
         return None
     max_len = tdc.get("max_length", 512)
-    if not _int(max_len) or max_len <= 0:
+    if not is_int(max_len) or max_len <= 0:
         errors.append(f"{where}['max_length'] must be an int > 0 (prompt tokens kept), got {max_len!r}")
         return None
     try:
@@ -137,7 +134,7 @@ def _eval_sampling(errors: List[str], gen: Mapping[str, Any], overrides: Mapping
         errors.append(f"eval_generation_config has no key {k!r}{closest(str(k), EVAL_GENERATE_KEYS)}; valid keys: "
                       f"{list(EVAL_GENERATE_KEYS)}")
     n = overrides.get("n", 1)
-    if not _int(n) or n < 1:
+    if not is_int(n) or n < 1:
         errors.append(f"eval_generation_config['n'] must be an int >= 1 (responses per evaluation prompt), got {n!r}")
         n = 1
     merged = {k: v for k, v in {**gen, **overrides}.items() if k != "n" and k in EVAL_GENERATE_KEYS}
@@ -150,7 +147,7 @@ def _eval_sampling(errors: List[str], gen: Mapping[str, Any], overrides: Mapping
     found: List[str] = []
     sampling = build_sampling(found, merged, grpo)
     errors += [e.replace("generate_config", "eval_generation_config (over generate_config)") for e in found]
-    if seed is not None and (not _int(seed) or seed < 0):
+    if seed is not None and (not is_int(seed) or seed < 0):
         errors.append(f"eval_generation_config['seed'] must be None or an int >= 0, got {seed!r}")
         seed = None
     return replace(sampling, temperature=0.0 if greedy else sampling.temperature, seed=seed), n
@@ -162,7 +159,7 @@ def build_evaluation(errors: List[str], eval_dataset_config: Any, eval_interval:
                      resuming: bool, backend: str, train_max_prompt_tokens: int) -> Optional[EvalSettings]:
     """The checked `EvalSettings`, or None when evaluation is off (no eval_dataset_config, or eval_interval <= 0,
     as in ColossalChat). Problems go to ``errors``."""
-    if not _int(eval_interval):
+    if not is_int(eval_interval):
         errors.append(f"eval_interval must be an int (optimizer steps between evaluations; <= 0 turns evaluation "
                       f"off), got {eval_interval!r}")
         return None
@@ -214,7 +211,7 @@ def build_rollout_log(errors: List[str], log_rollout_interval: Any, rollout_save
     The file is ``rollout_save_dir/{project}_run_{uuid}.jsonl``, as in ColossalChat."""
     if log_rollout_interval is None:
         return None
-    if not _int(log_rollout_interval):
+    if not is_int(log_rollout_interval):
         errors.append(f"log_rollout_interval must be an int (optimizer steps between logged rollouts; <= 0: every "
                       f"rollout) or None (no log), got {log_rollout_interval!r}")
         return None
