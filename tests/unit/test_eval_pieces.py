@@ -9,12 +9,13 @@ import multiprocessing
 import pytest
 import torch
 
-from coati_relay.observe.eval_settings import RolloutLogSettings, is_due
+from coati_relay.config.evaluation import RolloutLogSettings
 from coati_relay.observe.evaluation import (
     EvalAggregator,
     append_jsonl_locked,
     eval_file,
     eval_metrics,
+    is_due,
     shard_indices,
     training_records,
 )

@@ -17,6 +17,7 @@ from coati_relay.callbacks import check_callbacks, may_stop
 from coati_relay.checkpoint import CHECKPOINTS_DIR
 from coati_relay.config.algorithm import AlgorithmConfig, build_algorithm
 from coati_relay.config.checks import is_int, is_number, is_positive
+from coati_relay.config.evaluation import build_evaluation, build_rollout_log
 from coati_relay.config.colocate import check_colocate
 from coati_relay.config.inference import follow_training_precision
 from coati_relay.config.keys import (
@@ -32,7 +33,6 @@ from coati_relay.config.sampling import build_sampling
 from coati_relay.config.schema import Batches, Checkpointing, Data, Plugin, Roles, RunConfig
 from coati_relay.config.user_code import ByValue, UserCode, UserCodeError, comes_with_engine, module_name, user_entries
 from coati_relay.inference.factory import BACKEND_NAMES
-from coati_relay.observe.eval_settings import build_evaluation, build_rollout_log
 
 log = logging.getLogger(__name__)
 

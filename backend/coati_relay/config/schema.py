@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from coati_relay.config.algorithm import AlgorithmConfig
+from coati_relay.config.evaluation import EvalSettings, RolloutLogSettings
 from coati_relay.config.user_code import UserCode
 from coati_relay.inference.base import SamplingConfig
-from coati_relay.observe.eval_settings import EvalSettings, RolloutLogSettings
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Evaluation during training (ColossalChat's producer-side evaluation).
 
 Producers evaluate: before generating with weights of a new version, a producer whose optimizer step (ColossalChat's
-``consumer_global_step``, `RunConfig.training_step`) is due (`eval_settings.is_due`: the first weights it works with,
+``consumer_global_step``, `RunConfig.training_step`) is due (`is_due`: the first weights it works with,
 then every ``eval_interval`` steps) generates for its share of every task's prompts with the evaluation sampling,
 grades each response (`coati_relay.rewards.eval_grading`) and appends the records to
 ``eval_save_dir/{task}_training_step_{step}.jsonl`` (one JSON object a line, under a file lock: every producer adds
@@ -20,12 +20,22 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from coati_relay.observe.eval_settings import EvalSettings, accuracy, is_due
+from coati_relay.config.evaluation import EvalSettings
 
 log = logging.getLogger(__name__)
 
 EVAL_KIND = "eval"  # the ``kind`` of an evaluation report among the queue's step reports
 STEP_KEY = "eval/training_step"
+
+
+def is_due(step: int, last: int, interval: int) -> bool:
+    """ColossalChat's test: the first time (``last == -1``), then once ``step`` is ``interval`` steps past ``last``;
+    with ``interval <= 0`` every time."""
+    return last == -1 or (step - last >= interval and (interval <= 0 or step > last))
+
+
+def accuracy(correct: float, total: float) -> float:
+    return correct / total if total else math.nan
 
 
 def eval_file(save_dir: Path, task: str, training_step: int) -> Path:

@@ -8,7 +8,6 @@ callbacks) stays the weight version.
 """
 from __future__ import annotations
 
-import math
 import os
 import uuid
 from dataclasses import dataclass, replace
@@ -223,12 +222,3 @@ def build_rollout_log(errors: List[str], log_rollout_interval: Any, rollout_save
     path = save_dir / f"{project_name.replace(' ', '_')}_run_{uuid.uuid4()}.jsonl"
     return RolloutLogSettings(path=path, interval=log_rollout_interval)
 
-
-def is_due(step: int, last: int, interval: int) -> bool:
-    """ColossalChat's test: the first time (``last == -1``), then once ``step`` is ``interval`` steps past ``last``;
-    with ``interval <= 0`` every time."""
-    return last == -1 or (step - last >= interval and (interval <= 0 or step > last))
-
-
-def accuracy(correct: float, total: float) -> float:
-    return correct / total if total else math.nan
