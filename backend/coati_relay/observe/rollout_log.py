@@ -4,7 +4,8 @@ Each line: ``{"train_step": int, "rollout": [prompt + first response, decoded, p
 "responses": [first response per prompt], "rewards": [its reward], "weight_version": int}``. ``train_step`` and
 ``rollout`` are ColossalChat's fields; ``prompts``, ``responses``, ``rewards`` and ``weight_version`` are this
 engine's additions (ColossalChat writes before scoring). A rollout is logged when its optimizer step is due
-(`coati_relay.observe.evaluation.is_due`): the first one, then every ``log_rollout_interval`` steps; evaluation rollouts never.
+(`coati_relay.observe.evaluation.is_due`): the first one, then every ``log_rollout_interval`` steps; evaluation
+rollouts never.
 """
 from __future__ import annotations
 
