@@ -47,7 +47,7 @@ def test_defaults_no_evaluation_and_a_rollout_log_in_the_run_dir(tmp_path, tiny_
 
 def test_evaluation_settings(tmp_path, tiny_model_path, tasks):
     cfg = build_run_config(**small_run_kwargs(tmp_path, tiny_model_path, eval_dataset_config=tasks, eval_interval=2,
-                                              generate_config={"max_new_tokens": 4, "temperature": 0.7}))
+                                              generate_config={"max_new_tokens": 4, "temperature": 0.7, "top_p": 1.0}))
     ev = cfg.evaluation
     assert sorted(ev.tasks) == ["letters", "more"] and ev.interval == 2 and ev.save_dir == tmp_path / "run" / "eval"
     assert [ev.tasks[t].num_prompts for t in ("letters", "more")] == [3, 2]
@@ -98,7 +98,7 @@ def test_bad_evaluation_values_name_the_key_and_the_fix(tmp_path, tiny_model_pat
         (dict(eval_dataset_config=tasks, eval_save_dir=str(full)), "already exists and is not empty", "delete it"),
         (dict(eval_dataset_config=tasks, eval_interval="10"), "eval_interval must be an int", "<= 0"),
         (dict(eval_dataset_config=tasks, eval_generation_config={"temprature": 0.5}),
-         "eval_generation_config has no key 'temprature'", "did you mean 'temperature'"),
+         "eval_generation_config (over generate_config) has key 'temprature'", "did you mean 'temperature'"),
         (dict(eval_dataset_config=tasks, eval_generation_config={"n": 0}), "eval_generation_config['n']", ">= 1"),
         (dict(eval_dataset_config=tasks, eval_generation_config={"top_p": 2}), "eval_generation_config",
          "top_p"),

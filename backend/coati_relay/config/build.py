@@ -348,7 +348,7 @@ def build_run_config(
     evaluation = build_evaluation(errors, eval_dataset_config, eval_interval, eval_save_dir, eval_generation_config,
                                   gen, grpo, sampling, None if errors else models.tokenizer_path, reward,
                                   checkpointing.run_dir, checkpointing.resume_from is not None,
-                                  roles.inference_backend, data.max_prompt_tokens)
+                                  roles.inference_backend, data.max_prompt_tokens, core_algo, _prompt_tokens(tdc))
     rollout_log = build_rollout_log(errors, log_rollout_interval, rollout_save_dir, checkpointing.run_dir, name)
     if not errors:
         reward, user_code = _ship(errors, reward, algo.algo, bool(rm_cfg), algo)

@@ -14,12 +14,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
 
-from coati_relay.config.checks import is_int
+from coati_relay.config.checks import is_int, is_number
 from coati_relay.inference.base import SamplingConfig
 
 EVAL_DATASET_KEYS = ("path", "prompts", "max_length", "system_prompt")
-EVAL_GENERATE_KEYS = ("max_new_tokens", "max_tokens", "temperature", "top_k", "top_p", "seed", "ignore_eos",
-                      "stop_token_ids", "n")
 # rewards whose evaluation compares an extracted answer with gt_answer: every evaluation prompt needs one
 GT_REWARDS = ("boxed", "think_answer_tags")
 
@@ -122,29 +120,24 @@ def _task(errors: List[str], name: Any, tdc: Any, tokenizer: Any, reward: Any) -
 
 
 def _eval_sampling(errors: List[str], gen: Mapping[str, Any], overrides: Mapping[str, Any], grpo: Mapping[str, Any],
-                   train: SamplingConfig) -> tuple:
-    """generate_config with n=1, updated by ``overrides`` (ColossalChat: SamplingParams of the merged dict);
-    temperature 0 (greedy) is allowed here."""
-    from coati_relay.config.keys import closest
+                   backend: str, core_algo: str, prompt_tokens: int) -> tuple:
+    """generate_config with n=1, updated by ``overrides`` (ColossalChat: SamplingParams of the merged dict), checked
+    as generate_config is for ``backend``; temperature 0 (greedy) is allowed here. Returns (sampling, n)."""
     from coati_relay.config.sampling import build_sampling
 
-    unknown = sorted(set(overrides) - set(EVAL_GENERATE_KEYS))
-    for k in unknown:
-        errors.append(f"eval_generation_config has no key {k!r}{closest(str(k), EVAL_GENERATE_KEYS)}; valid keys: "
-                      f"{list(EVAL_GENERATE_KEYS)}")
     n = overrides.get("n", 1)
     if not is_int(n) or n < 1:
         errors.append(f"eval_generation_config['n'] must be an int >= 1 (responses per evaluation prompt), got {n!r}")
         n = 1
-    merged = {k: v for k, v in {**gen, **overrides}.items() if k != "n" and k in EVAL_GENERATE_KEYS}
+    merged = {**gen, **{k: v for k, v in overrides.items() if k != "n"}}
     if "max_new_tokens" in overrides or "max_tokens" in overrides:  # the override wins over the other spelling
         merged = {k: v for k, v in merged.items() if k not in ("max_new_tokens", "max_tokens") or k in overrides}
-    greedy = merged.get("temperature") == 0
+    greedy = is_number(merged.get("temperature")) and merged["temperature"] == 0
     if greedy:
-        merged.pop("temperature")
-    seed = merged.pop("seed", None)
+        merged["temperature"] = 1.0
+    seed = merged.pop("seed", None)  # checked here: build_sampling would warn about it a second time
     found: List[str] = []
-    sampling = build_sampling(found, merged, grpo)
+    sampling = build_sampling(found, merged, grpo, backend, core_algo, prompt_tokens)
     errors += [e.replace("generate_config", "eval_generation_config (over generate_config)") for e in found]
     if seed is not None and (not is_int(seed) or seed < 0):
         errors.append(f"eval_generation_config['seed'] must be None or an int >= 0, got {seed!r}")
@@ -155,7 +148,8 @@ def _eval_sampling(errors: List[str], gen: Mapping[str, Any], overrides: Mapping
 def build_evaluation(errors: List[str], eval_dataset_config: Any, eval_interval: Any, eval_save_dir: Any,
                      eval_generation_config: Any, gen: Mapping[str, Any], grpo: Mapping[str, Any],
                      train_sampling: SamplingConfig, tokenizer_path: Optional[str], reward: Any, run_dir: Path,
-                     resuming: bool, backend: str, train_max_prompt_tokens: int) -> Optional[EvalSettings]:
+                     resuming: bool, backend: str, train_max_prompt_tokens: int, core_algo: str = "GRPO",
+                     prompt_tokens: int = 512) -> Optional[EvalSettings]:
     """The checked `EvalSettings`, or None when evaluation is off (no eval_dataset_config, or eval_interval <= 0,
     as in ColossalChat). Problems go to ``errors``."""
     if not is_int(eval_interval):
@@ -182,9 +176,9 @@ def build_evaluation(errors: List[str], eval_dataset_config: Any, eval_interval:
     elif save_dir.exists() and any(save_dir.iterdir()) and not resuming:
         errors.append(f"eval_save_dir={str(save_dir)!r} already exists and is not empty (ColossalChat refuses it "
                       f"too: results of two runs would mix); delete it or pass another directory")
-    sampling, n = _eval_sampling(errors, gen, eval_generation_config or {}, grpo, train_sampling)
-    if errors or tokenizer_path is None:
+    if errors or tokenizer_path is None:  # generate_config's own problems are reported once, by its check
         return None
+    sampling, n = _eval_sampling(errors, gen, eval_generation_config or {}, grpo, backend, core_algo, prompt_tokens)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
