@@ -96,7 +96,7 @@ def test_other_rewards_count_a_positive_reward_as_correct():
     recs = grade_for_eval("ignored by a reward model", ["x", "y"], [None] * 2, ["p"] * 2, [1, 1],
                           rewards=torch.tensor([0.3, -0.2]))
     assert [r["ans_valid"] for r in recs] == [1.0, 0.0]
-    with pytest.raises(ValueError, match="2 responses but 1 gt_answers"):
+    with pytest.raises(ValueError, match="2 responses but 1 targets"):
         grade_for_eval("boxed", ["a", "b"], ["1"], ["p", "p"], [1, 1])
 
 
@@ -128,3 +128,26 @@ def test_rollout_log_writes_when_due_and_refuses_an_existing_file(tmp_path):
                         "rewards": [0.5], "weight_version": 0}
     with pytest.raises(ValueError, match="already exists"):
         RolloutLog(RolloutLogSettings(path=path, interval=2))
+
+
+def test_rule_rewards_use_their_tags_and_code_posts_to_the_verifier(monkeypatch):
+    import coati_relay.rewards.eval_grading as grading
+
+    tags = {"answer_start": {"text": "<answer>", "num_occur": 1}, "answer_end": {"text": "</answer>", "num_occur": 1}}
+    recs = grade_for_eval("boxed", ["<answer>\\boxed{3}</answer>", "\\boxed{3}"], ["3", "3"], ["p", "p"], [5, 5],
+                          tags=tags)
+    assert [(r["format_valid"], r["ans_valid"]) for r in recs] == [(1.0, 1.0), (0.0, 1.0)], "eval: any format"
+    posted = []
+
+    def verifier(url, cases, program):
+        posted.append((url, cases, program))
+        return [1, 1] if "return" in program else [1, 0]
+
+    monkeypatch.setattr(grading, "post_to_verifier", verifier)
+    cases = {"inputs": ["1", "2"], "outputs": ["1", "2"]}
+    recs = grade_for_eval("code", ["```python\nreturn x\n```", "x = 1"], [cases, json.dumps(cases)], ["p", "q"],
+                          [7, 3], code_verifier_api_url="http://verifier")
+    assert [(r["format_valid"], r["ans_valid"], r["reward"]) for r in recs] == [(1.0, 1.0, 10.0), (0.0, 0.0, 0.0)]
+    assert set(recs[0]) == {"prompt", "prediction", "test_cases", "test_results", "test_metadata", "parsed",
+                            "format_valid", "ans_valid", "response_length", "reward"}
+    assert posted[0] == ("http://verifier", cases, "\nreturn x\n") and posted[1][1] == cases

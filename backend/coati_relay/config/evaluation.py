@@ -18,8 +18,8 @@ from coati_relay.config.checks import is_int, is_number
 from coati_relay.inference.base import SamplingConfig
 
 EVAL_DATASET_KEYS = ("path", "prompts", "max_length", "system_prompt")
-# rewards whose evaluation compares an extracted answer with gt_answer: every evaluation prompt needs one
-GT_REWARDS = ("boxed", "think_answer_tags")
+# rule rewards: every evaluation prompt needs a gt_answer (code: test_cases) to judge an answer by
+GT_REWARDS = ("boxed", "think_answer_tags", "code")
 
 
 @dataclass(frozen=True)
@@ -110,9 +110,10 @@ def _task(errors: List[str], name: Any, tdc: Any, tokenizer: Any, reward: Any) -
         errors.append(f"{where}: the dataset {dataset!r:.80} holds no prompts")
         return None
     if isinstance(reward, str) and reward in GT_REWARDS:
-        missing = sum(gt is None for gt in ds.info.get("gt_answer", [None] * len(ds)))
+        column = "test_cases" if reward == "code" else "gt_answer"
+        missing = sum(gt is None for gt in ds.info.get(column, [None] * len(ds)))
         if missing:
-            errors.append(f"{where}: {missing} of {len(ds)} prompts have no 'gt_answer', which the reward "
+            errors.append(f"{where}: {missing} of {len(ds)} prompts have no {column!r}, which the reward "
                           f"{reward!r} needs to judge an evaluation answer; add it to every line")
             return None
     return EvalTask(dataset=str(dataset) if "path" in tdc else list(dataset), max_prompt_tokens=max_len,

@@ -266,16 +266,20 @@ class ProducerWorker:
         mode: `coati_relay.rewards.eval_grading`)."""
         from coati_relay.rewards.eval_grading import grade_for_eval
 
-        n = self.cfg.evaluation.num_generations
+        cfg = self.cfg
+        n = cfg.evaluation.num_generations
         rollout = self.backend.generate(prompt_ids, n, info)
         texts = self._decode(self._responses(rollout))
         prompts = [p for p in self._decode(prompt_ids) for _ in range(n)]
-        gts = [a for a in info.get("gt_answer", [None] * len(prompt_ids)) for _ in range(n)]
+        column = "test_cases" if cfg.reward == "code" else "gt_answer"
+        targets = [a for a in info.get(column, [None] * len(prompt_ids)) for _ in range(n)]
         scores = None
         if self.rm_scorer is not None:
             scores = self.rm_scorer(rollout.sequences, rollout.attention_mask).float()
-        reward = self.cfg.reward if isinstance(self.cfg.reward, str) else self.reward_fn
-        return grade_for_eval(reward, texts, gts, prompts, rollout.response_lengths.tolist(), scores)
+        reward = cfg.reward if self.rule_reward is not None or self.rm_scorer is not None else self.reward_fn
+        return grade_for_eval(reward, texts, targets, prompts, rollout.response_lengths.tolist(), scores,
+                              tags=cfg.algo.response_format_tags,
+                              code_verifier_api_url=cfg.algo.code_verifier_api_url)
 
     def _log_rollout(self, rollout: Rollout, prompt_ids: List[List[int]]) -> None:
         """Producer 0 writes the first response to each prompt with its reward when the step is due."""
