@@ -7,7 +7,9 @@ A callback is any object with one or more of these methods (the others may be ab
   ``time`` and every metric, the very numbers of that line).
 - ``on_checkpoint(step, path)``: after a checkpoint is written (at ``save_interval``, at the end, at an early stop).
 - ``on_run_end(result)``: once, with the `RunResult`, after the run's actors are stopped.
-- ``on_evaluate(step, results)``: accepted, but not called yet: the engine has no evaluation moment.
+- ``on_evaluate(step, results)``: after each evaluation during training (``eval_dataset_config``), with the run's
+  step (the weight version evaluated) and the record just written to ``metrics.jsonl`` (``step``, ``time``,
+  ``eval/{task}`` accuracy, ``eval/{task}/samples``, ``eval/training_step``: ColossalChat's optimizer step).
 
 They run in the driver of a disaggregated run and in the one process of a colocated run, in the order of the list,
 never in an actor (they need not be picklable). A hook that raises ends the run with `CallbackError` (a `RunFailed`
@@ -111,6 +113,9 @@ class Hooks:
 
     def checkpoint(self, step: int, path: str) -> None:
         self._call("on_checkpoint", step, path, step=step)
+
+    def evaluate(self, step: int, results: Any) -> None:
+        self._call("on_evaluate", step, results)
 
     def run_end(self, result: Any) -> None:
         self._call("on_run_end", result)

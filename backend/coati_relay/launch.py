@@ -120,6 +120,7 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
     from coati_relay.cluster.placement import on_head_node
     from coati_relay.exchange.queue import make_rollout_queue
     from coati_relay.exchange.weight_sync import make_weight_store
+    from coati_relay.observe.evaluation import EVAL_KIND, EvalAggregator, training_records
     from coati_relay.observe.metrics import MetricsLogger, ProgressBar, run_summary
     from coati_relay.observe.trackers import open_run_trackers
     from coati_relay.roles.consumer import ConsumerWorker
@@ -173,8 +174,17 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
         run_refs.update({p.run.remote(): p for p in producers})
 
         history: List[Dict[str, Any]] = []  # consumer rank 0's records, as the queue's report log passed them on
+        evals = EvalAggregator(cfg.roles.num_producers)  # the producers' evaluation reports, summed per step
+
+        def on_evaluated(step: int, metrics: Dict[str, float]) -> None:
+            hooks.evaluate(step, logger.log(step, metrics))
 
         def on_report(rec: Dict[str, Any]) -> None:
+            if rec.get("kind") == EVAL_KIND:
+                done = evals.add(rec)
+                if done is not None:
+                    on_evaluated(*done)
+                return
             history.append(rec)
             numbers = {k: v for k, v in rec.items()  # clock times (``*_at``) stay in the history only
                        if k not in ("step", "time") and not k.endswith("_at") and isinstance(v, (int, float))}
@@ -185,6 +195,8 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
                 ray.get(queue.set_verdict.remote(int(rec["step"]), stop), timeout=30)
 
         results = supervisor.supervise(run_refs, on_report=on_report, stopped=lambda: hooks.stop_at is not None)
+        for done in evals.flush():
+            on_evaluated(*done)
         train_s = time.perf_counter() - t_start - setup_s
         bar.close()
         counters = supervisor.counters
@@ -202,7 +214,7 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
     if hooks.stop_at is not None and stop_path and stop_path not in checkpoints:
         checkpoints.append(stop_path)
         hooks.checkpoint(hooks.stop_at, stop_path)
-    summary = run_summary(logger.history)
+    summary = run_summary(training_records(logger.history))
     summary["setup_s"] = setup_s
     summary["wall_s"] = train_s  # training only; the log's timestamps are when the driver saw each step
     return RunResult(history=history, checkpoints=checkpoints, run_dir=cfg.checkpointing.run_dir, summary=summary,

@@ -59,7 +59,7 @@ def test_hooks_see_every_round_with_the_numbers_of_metrics_jsonl(request, placem
     assert [s for s, _ in rec.rounds] == [1, 2, 3] == [line["step"] for line in lines]
     assert [m for _, m in rec.rounds] == lines, "the hook's dicts are the lines of metrics.jsonl"
     assert second.rounds == rec.rounds
-    assert rec.calls == ["start", "round", "round", "round", ("end", False)], "on_evaluate is not called yet"
+    assert rec.calls == ["start", "round", "round", "round", ("end", False)], "no evaluation: no on_evaluate"
     assert [s for s, _ in rec.checkpoints] == [2, 3] and [p for _, p in rec.checkpoints] == result.checkpoints
     assert not result.stopped_early and result.stopped_at is None
 

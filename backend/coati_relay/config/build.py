@@ -17,6 +17,7 @@ from coati_relay.callbacks import check_callbacks, may_stop
 from coati_relay.checkpoint import CHECKPOINTS_DIR
 from coati_relay.config.algorithm import AlgorithmConfig, build_algorithm
 from coati_relay.config.checks import is_int, is_number, is_positive
+from coati_relay.config.evaluation import build_evaluation, build_rollout_log
 from coati_relay.config.colocate import check_colocate
 from coati_relay.config.inference import follow_training_precision
 from coati_relay.config.keys import (
@@ -294,7 +295,10 @@ def build_run_config(
     timeout_s: float = 300.0, seed: int = 42, progress: bool = True, weight_sync: str = "object_store",
     placement_strategy: str = "PACK", placement_timeout_s: float = 30.0,
     role_resources: Optional[Dict[str, Dict[str, float]]] = None, colocate: bool = False,
-    report_to: Optional[List[str]] = None, callbacks: Optional[List[Any]] = None, **ignored: Any,
+    report_to: Optional[List[str]] = None, callbacks: Optional[List[Any]] = None,
+    eval_dataset_config: Optional[Dict[str, Any]] = None, eval_interval: int = 100, eval_save_dir: Optional[str] = None,
+    eval_generation_config: Optional[Dict[str, Any]] = None, log_rollout_interval: Optional[int] = 20,
+    rollout_save_dir: Optional[str] = None, **ignored: Any,
 ) -> RunConfig:
     """Checks every launch parameter and the constraints between them; raises one `ConfigError` listing all.
 
@@ -341,6 +345,11 @@ def build_run_config(
     name, checkpointing = _run_settings(errors, seed, progress, project_name, save_interval, run_dir, save_dir,
                                         resume_from, tmc.get("checkpoint_path"))
     data = _data(errors, tdc, models.tokenizer_path, batches.inference_batch_size * roles.num_producers)
+    evaluation = build_evaluation(errors, eval_dataset_config, eval_interval, eval_save_dir, eval_generation_config,
+                                  gen, grpo, sampling, None if errors else models.tokenizer_path, reward,
+                                  checkpointing.run_dir, checkpointing.resume_from is not None,
+                                  roles.inference_backend, data.max_prompt_tokens, core_algo, _prompt_tokens(tdc))
+    rollout_log = build_rollout_log(errors, log_rollout_interval, rollout_save_dir, checkpointing.run_dir, name)
     if not errors:
         reward, user_code = _ship(errors, reward, algo.algo, bool(rm_cfg), algo)
     if errors:
@@ -348,7 +357,7 @@ def build_run_config(
     return RunConfig(roles=roles, batches=batches, models=models, data=data, sampling=sampling, plugin=plugin,
                      checkpointing=checkpointing, core_algo=core_algo, algo=algo, reward=reward, project_name=name,
                      report_to=trackers, seed=seed, progress=progress, user_code=user_code, callbacks=hooks,
-                     stop_gate=may_stop(hooks))
+                     stop_gate=may_stop(hooks), evaluation=evaluation, rollout_log=rollout_log)
 
 
 def _report_to(errors: List[str], report_to: Any) -> Tuple[str, ...]:

@@ -24,9 +24,6 @@ IGNORED_SECTION_KEYS = {
 IGNORED_LAUNCH_KEYS = {
     "master_addr": "consumers meet on their rank 0's node IP, chosen at launch",
     "master_port": "consumers meet on a free port chosen at launch",
-    "eval_dataset_config": "evaluation is not run", "eval_interval": "evaluation is not run",
-    "eval_save_dir": "evaluation is not run", "eval_generation_config": "evaluation is not run",
-    "log_rollout_interval": "rollouts are not logged", "rollout_save_dir": "rollouts are not logged",
     "enable_profiling": "no profiler is attached",
     "data_actor_buffer_size_limit": "it is the zero-bubble entry's (coati_relay.launch_zero_bubble."
                                     "launch_distributed); this entry's rollout queue is bounded by n_behind",

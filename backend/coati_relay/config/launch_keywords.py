@@ -75,6 +75,32 @@ LAUNCH_KEYWORDS: Dict[str, Tuple[str, str]] = {
     "project_name": (CC, "the run's name: default run directory runs/NAME, trackers' project"),
     "save_interval": (CC, "checkpoint every this many rounds (weight versions), and at the end"),
     "save_dir": (CC, "where checkpoints go (save_dir/checkpoints/step-NNNNNN; default: run_dir)"),
+    "eval_dataset_config": (CC, "evaluation during training: {task name: a dataset config like "
+                                "train_dataset_config ('path' or 'prompts', 'max_length', 'system_prompt')}; each "
+                                "prompt needs a 'gt_answer' for the math rewards. Producers evaluate their share of "
+                                "every task (prompt i to producer i % num_producers) before working with weights "
+                                "whose optimizer step is due, and a sample is correct as the run's reward judges it "
+                                "in ColossalChat's eval mode (the answer, whatever the format; any other reward: "
+                                "reward > 0). None: no evaluation"),
+    "eval_interval": (CC, "optimizer steps (ColossalChat's consumer_global_step: weight version times optimizer "
+                          "steps per round) between evaluations; the first is at the run's first weights (step 0, "
+                          "or the resumed step). <= 0: no evaluation. Default 100"),
+    "eval_save_dir": (CC, "where each evaluation's per-sample records go, one JSON object a line with prompt, "
+                          "prediction, gold, parsed, format_valid, ans_valid, response_length, reward: "
+                          "eval_save_dir/{task}_training_step_{step}.jsonl; it must not hold files already unless "
+                          "the run resumes. Accuracy also goes to metrics.jsonl and the trackers as 'eval/{task}' "
+                          "(with 'eval/{task}/samples' and 'eval/training_step') at the run's step, and to the "
+                          "callbacks' on_evaluate. Default run_dir/eval (ColossalChat's launch_distributed had none)"),
+    "eval_generation_config": (CC, "overrides of generate_config for evaluation, which otherwise samples as "
+                                   "training does with n=1: generate_config's keys plus 'n' (responses per "
+                                   "prompt); temperature 0 is greedy"),
+    "log_rollout_interval": (CC, "producer 0 appends a rollout (its prompts, the first response to each and its "
+                                 "reward) to the rollout log every this many optimizer steps, first at its first "
+                                 "rollout; <= 0: every rollout; None (extension): no log. Default 20"),
+    "rollout_save_dir": (CC, "where the rollout log goes: rollout_save_dir/{project_name}_run_{uuid}.jsonl, one "
+                             "JSON object a line: train_step, rollout (prompt and response decoded together; "
+                             "ColossalChat's fields), prompts, responses, rewards, weight_version. Default "
+                             "run_dir/rollout (ColossalChat: ./rollout)"),
     "n_behind": (CC, "staleness bound: 0 is on-policy lock-step; k > 0 allows rollouts made by weights up to k "
                      "versions old"),
     "critic_model_config": (EXT, "PPO's critic: {'path': a directory or Hub ID} (default: a value head on a copy "
@@ -96,9 +122,10 @@ LAUNCH_KEYWORDS: Dict[str, Tuple[str, str]] = {
     "colocate": (EXT, "one producer and one consumer in the driver's process, sharing the policy, without Ray"),
     "report_to": (EXT, "trackers besides metrics.jsonl: a list of 'tensorboard', 'wandb' or 'none'"),
     "callbacks": (EXT, "objects with hook methods on_run_start(config), on_round_end(step, metrics), "
-                       "on_checkpoint(step, path), on_run_end(result) (on_evaluate(step, results): not called yet), "
-                       "called in the driver in list order; on_round_end may raise coati_relay.StopRun to end the "
-                       "run there with a checkpoint (coati_relay.callbacks)"),
+                       "on_checkpoint(step, path), on_evaluate(step, results) (after each evaluation, with "
+                       "the record written to metrics.jsonl), on_run_end(result), called in the driver in list "
+                       "order; on_round_end may raise coati_relay.StopRun to end the run there with a "
+                       "checkpoint (coati_relay.callbacks)"),
 }
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from coati_relay.config.algorithm import AlgorithmConfig
+from coati_relay.config.evaluation import EvalSettings, RolloutLogSettings
 from coati_relay.config.user_code import UserCode
 from coati_relay.inference.base import SamplingConfig
 
@@ -119,6 +120,8 @@ class RunConfig:
     # the driver's hooks (`coati_relay.callbacks`); never sent to an actor (`for_actors`)
     callbacks: Tuple[Any, ...] = field(default=(), compare=False, repr=False)
     stop_gate: bool = False  # consumers wait for the driver's verdict after each round (a hook may stop the run)
+    evaluation: Optional[EvalSettings] = None  # evaluation during training (`coati_relay.observe.evaluation`)
+    rollout_log: Optional[RolloutLogSettings] = None  # producer 0's rollout log (`coati_relay.observe.rollout_log`)
 
     def for_actors(self) -> "RunConfig":
         """This config without the callbacks: what the actors get."""
@@ -150,6 +153,11 @@ class RunConfig:
     @property
     def optimizer_steps_per_round(self) -> int:
         return self.prompts_per_round // (self.batches.train_batch_size * self.roles.num_consumers)
+
+    def training_step(self, version: int) -> int:
+        """ColossalChat's ``consumer_global_step`` once weight version ``version`` is out: the optimizer steps of
+        one consumer so far (the step of evaluation files and of the eval and rollout-log intervals)."""
+        return version * self.optimizer_steps_per_round * self.algo.ppo_epochs
 
     @property
     def zero_bubble(self) -> bool:

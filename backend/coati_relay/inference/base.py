@@ -40,10 +40,12 @@ class InferenceBackend(Protocol):
     moved for scoring; ``shared`` says whether it generates with a model trained in this process, reading its
     weights in place (then `load_weights` is refused: the trainer updates that model); ``sleeps`` says whether
     `sleep` frees memory (vLLM with ``enable_sleep_mode``; elsewhere `sleep` and `wake_up` do nothing); after
-    `close` it cannot generate.
+    `close` it cannot generate. ``sampling`` is how `generate` samples; it may be replaced between calls (evaluation
+    samples with its own settings, then puts the training ones back).
     """
 
     weight_version: int
+    sampling: SamplingConfig
     device: torch.device
     shared: bool
     sleeps: bool

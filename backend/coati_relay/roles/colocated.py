@@ -100,6 +100,7 @@ def run_colocated(cfg: RunConfig, start_round: int, hooks: Any = None) -> Any:
 
 def _run(cfg: RunConfig, start_round: int, hooks: Any) -> Any:
     from coati_relay.callbacks import Hooks
+    from coati_relay.observe.evaluation import eval_metrics, training_records
     from coati_relay.observe.metrics import MetricsLogger, ProgressBar, run_summary
     from coati_relay.observe.run_result import RunResult
     from coati_relay.observe.trackers import open_run_trackers
@@ -141,6 +142,11 @@ def _run(cfg: RunConfig, start_round: int, hooks: Any) -> Any:
             t0 = time.perf_counter()
             if shared:
                 producer.backend.weight_version = r  # the policy holds round r's weights: trained in place
+            report = producer.maybe_evaluate()
+            if report is not None:
+                counts = {task: tuple(ct) for task, ct in report["counts"].items()}
+                hooks.evaluate(r, logger.log(r, eval_metrics(report["training_step"], counts)))
+                t0 = time.perf_counter()  # the round's time leaves the evaluation out
             tasks = range(r * cfg.tasks_per_round, (r + 1) * cfg.tasks_per_round)
             made = [producer.make_rollout(task) for task in tasks]
             producer.backend.sleep()  # vLLM hands its GPU memory to training; the publisher wakes it
@@ -165,7 +171,7 @@ def _run(cfg: RunConfig, start_round: int, hooks: Any) -> Any:
         bar.close()
         logger.close()
         producer.backend_close()
-    summary = run_summary(logger.history)
+    summary = run_summary(training_records(logger.history))
     summary["setup_s"] = setup_s
     summary["wall_s"] = time.perf_counter() - t_start - setup_s
     log.info("colocated run %s: %d rounds in %.1fs after %.1fs of set-up", cfg.project_name, len(history),

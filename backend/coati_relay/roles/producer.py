@@ -37,6 +37,9 @@ class ProducerWorker:
     store may be actor handles or local objects. In a colocated run (`coati_relay.roles.colocated`) it has neither: the
     driver calls `setup_colocated` and `make_rollout`."""
 
+    evaluator = None  # `coati_relay.observe.evaluation.Evaluator` when the run evaluates (set up in `setup`)
+    rollout_log = None  # `coati_relay.observe.rollout_log.RolloutLog` on producer 0
+
     def __init__(self, index: int, cfg: RunConfig, queue, weight_store, start_version: int = 0):
         self.index = index
         self.name = f"producer-{index}"
@@ -59,6 +62,7 @@ class ProducerWorker:
         self._load_prompts()
         self.backend = self._build_backend()
         self._load_scoring()
+        self._setup_observers()
         base = None
         if cfg.models.lora:
             from coati_relay.training.booster_backend import load_causal_lm
@@ -92,6 +96,7 @@ class ProducerWorker:
             self.backend = self._build_backend()
         self.backend.weight_version = self.start_version
         self._load_scoring()
+        self._setup_observers()
 
     def _build_backend(self):
         """The configured inference backend with its own copy of the checkpoint."""
@@ -145,6 +150,22 @@ class ProducerWorker:
     def _length_limit(self) -> int:
         """L of the length rules: grpo_config['max_new_tokens'] (ColossalChat's), else the generation's."""
         return self.cfg.algo.max_new_tokens or self.cfg.sampling.max_new_tokens
+
+    def _setup_observers(self) -> None:
+        """The evaluator of this producer's share (`coati_relay.observe.evaluation`) and, on producer 0, the
+        rollout log (`coati_relay.observe.rollout_log`)."""
+        cfg = self.cfg
+        self.evaluator = self.rollout_log = None
+        if cfg.evaluation is not None:
+            from coati_relay.observe.evaluation import Evaluator
+
+            imbs, g = cfg.batches.inference_microbatch_size, cfg.batches.num_generations
+            batch = min(imbs, max(1, imbs * g // cfg.evaluation.num_generations))  # rows within the engine's sizing
+            self.evaluator = Evaluator(cfg.evaluation, self.tokenizer, self.index, cfg.roles.num_producers, batch)
+        if cfg.rollout_log is not None and self.index == 0:
+            from coati_relay.observe.rollout_log import RolloutLog
+
+            self.rollout_log = RolloutLog(cfg.rollout_log)
 
     # -- weights ---------------------------------------------------------------------------------------------
     def _load_version(self, min_version: int, timeout_s: float) -> None:
@@ -216,6 +237,61 @@ class ProducerWorker:
                                               self.cfg.algo.cache_length, scale=self.cfg.algo.overlength_scale)
         return rewards, None, None
 
+    def _decode(self, ids: List[List[int]]) -> List[str]:
+        return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+    def _responses(self, rollout: Rollout) -> List[List[int]]:
+        return [ids[: int(n)] for ids, n in zip(rollout.response_ids.tolist(), rollout.response_lengths.tolist())]
+
+    def maybe_evaluate(self) -> Optional[Dict[str, Any]]:
+        """Evaluates the loaded weights when their optimizer step is due; returns the report for the driver
+        (``{"kind": "eval", "producer", "step", "training_step", "counts": {task: [correct, total]}}``) or None."""
+        version = self.backend.weight_version
+        step = self.cfg.training_step(version)
+        if self.evaluator is None or not self.evaluator.due(step):
+            return None
+        from coati_relay.observe.evaluation import EVAL_KIND
+
+        train_sampling = self.backend.sampling
+        self.backend.sampling = self.cfg.evaluation.sampling
+        try:
+            counts = self.evaluator.run(step, self._eval_batch)
+        finally:
+            self.backend.sampling = train_sampling
+        return {"kind": EVAL_KIND, "producer": self.index, "step": version, "training_step": step,
+                "counts": {task: [c, t] for task, (c, t) in counts.items()}}
+
+    def _eval_batch(self, prompt_ids: List[List[int]], info: Dict[str, list]) -> List[Dict[str, Any]]:
+        """Generates ``eval_generation_config['n']`` responses per prompt and grades each (ColossalChat's eval
+        mode: `coati_relay.rewards.eval_grading`)."""
+        from coati_relay.rewards.eval_grading import grade_for_eval
+
+        cfg = self.cfg
+        n = cfg.evaluation.num_generations
+        rollout = self.backend.generate(prompt_ids, n, info)
+        texts = self._decode(self._responses(rollout))
+        prompts = [p for p in self._decode(prompt_ids) for _ in range(n)]
+        column = "test_cases" if cfg.reward == "code" else "gt_answer"
+        targets = [a for a in info.get(column, [None] * len(prompt_ids)) for _ in range(n)]
+        scores = None
+        if self.rm_scorer is not None:
+            scores = self.rm_scorer(rollout.sequences, rollout.attention_mask).float()
+        reward = cfg.reward if self.rule_reward is not None or self.rm_scorer is not None else self.reward_fn
+        return grade_for_eval(reward, texts, targets, prompts, rollout.response_lengths.tolist(), scores,
+                              tags=cfg.algo.response_format_tags,
+                              code_verifier_api_url=cfg.algo.code_verifier_api_url)
+
+    def _log_rollout(self, rollout: Rollout, prompt_ids: List[List[int]]) -> None:
+        """Producer 0 writes the first response to each prompt with its reward when the step is due."""
+        step = self.cfg.training_step(rollout.weight_version)
+        if self.rollout_log is None or not self.rollout_log.due(step):
+            return
+        g = rollout.group_size
+        responses = self._responses(rollout)[::g]
+        together = self._decode([p + r for p, r in zip(prompt_ids, responses)])
+        self.rollout_log.write(step, rollout.weight_version, together, self._decode(prompt_ids),
+                               self._decode(responses), rollout.rewards[::g].tolist())
+
     def make_rollout(self, task: int) -> Tuple[Rollout, Dict[str, float]]:
         """Generates and scores ``task``'s prompts with the loaded weights; returns the rollout and its metadata
         (``generate_s``, ``tokens``, ``weight_load_last_s``)."""
@@ -223,10 +299,12 @@ class ProducerWorker:
         idx = self._prompt_indices(task)
         info = {k: [v[i] for i in idx] for k, v in self.dataset.info.items()}
         t0 = time.perf_counter()
-        rollout = self.backend.generate([self.dataset.prompt_ids[i] for i in idx], cfg.batches.num_generations, info)
+        prompt_ids = [self.dataset.prompt_ids[i] for i in idx]
+        rollout = self.backend.generate(prompt_ids, cfg.batches.num_generations, info)
         gen_s = time.perf_counter() - t0
         rollout.rewards, rollout.format_acc, rollout.ans_acc = self._score_all(
             rollout, info.get("prompt_text", [""] * len(idx)))
+        self._log_rollout(rollout, prompt_ids)
         tokens = int(rollout.response_lengths.sum())
         self.stats["tasks"] += 1
         self.stats["samples"] += rollout.num_sequences
@@ -280,6 +358,9 @@ class ProducerWorker:
                 self._ensure_version(needed)
             elif needed is not None and self.backend.weight_version < needed:
                 self._ensure_version(needed)
+            report = self.maybe_evaluate()
+            if report is not None:
+                _call(self.queue.report, report, timeout_s=30)
             self._run_task(task)
             if zero_bubble and self.stats["tasks"] % per_batch == 0:
                 self._pick_up_newest()

@@ -1,0 +1,80 @@
+"""Per-sample grading for evaluation during training: ColossalChat's rule rewards in ``eval_mode``.
+
+ColossalChat judges an evaluation answer with the run's reward function and ``eval_mode=True``
+(4f9953be3: ``reward/reward_fn.py``): the answer is extracted and checked whatever the format (training wants a valid
+format first), no length rule applies, and a sample counts as correct when its answer matched (``ans_valid``).
+`grade_for_eval` does that for the rule rewards of `coati_relay.rewards.verifiable` (their formats and
+``response_format_tags``; "code" posts the program to the verifier). Any other reward (a user's function,
+"toy_letter", a reward model) has no answer to extract: its reward is taken as is, and a sample counts as correct when
+its reward is > 0, which for the rule rewards is the same test (they pay only for a correct answer).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import torch
+
+from coati_relay.rewards.math_rewards import extract_answer_tag, extract_boxed, score_answer
+from coati_relay.rewards.verifiable import (
+    ACC_SCORE,
+    RULE_REWARDS,
+    extract_program,
+    post_to_verifier,
+    structure_valid,
+)
+
+
+def _math(kind: str, text: str, gold: Any, tags) -> Dict[str, Any]:
+    if kind == "think_answer_tags":
+        parsed, format_ok = extract_answer_tag(text), structure_valid(text, tags)
+    else:
+        parsed = extract_boxed(text)
+        format_ok = parsed is not None and all(text.count(t["text"]) == t["num_occur"] for t in (tags or {}).values())
+    score = score_answer(parsed, gold) if parsed is not None else 0.0
+    return {"gold": gold, "parsed": parsed, "format_valid": float(format_ok), "ans_valid": float(score > 0),
+            "reward": float(score)}
+
+
+def _code(text: str, test_cases: Any, url: Optional[str]) -> Dict[str, Any]:
+    program = extract_program(text)
+    cases = test_cases if isinstance(test_cases, dict) or test_cases is None else json.loads(test_cases)
+    results = post_to_verifier(url, cases, program) if cases is not None else []
+    passed = bool(results) and all(x == 1 or x is True for x in results)
+    return {"test_cases": cases, "test_results": results, "test_metadata": None, "parsed": program,
+            "format_valid": float("```python" in text), "ans_valid": float(passed),
+            "reward": ACC_SCORE if passed else 0.0}
+
+
+def grade_for_eval(reward: Any, responses: Sequence[str], targets: Sequence[Any], prompts: Sequence[str],
+                   response_lengths: Sequence[int], rewards: Optional[torch.Tensor] = None,
+                   tags: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                   code_verifier_api_url: Optional[str] = None) -> List[Dict[str, Any]]:
+    """One record per response with ColossalChat's evaluation fields: ``prompt``, ``prediction`` (the response
+    text), ``gold`` (code: ``test_cases``, ``test_results``, ``test_metadata``), ``parsed`` (the extracted answer or
+    program; None without one), ``format_valid`` and ``ans_valid`` (1.0 or 0.0; None where the reward has no
+    format), ``response_length`` (tokens), ``reward``.
+
+    reward: the run's reward (a registered name or a callable); targets: each response's gt_answer (code: its
+    test_cases); rewards: Tensor [N] of already computed rewards (a reward model's), used instead of ``reward``."""
+    n = len(responses)
+    if not (len(targets) == len(prompts) == len(response_lengths) == n):
+        raise ValueError(f"grade_for_eval: {n} responses but {len(targets)} targets, {len(prompts)} prompts and "
+                         f"{len(response_lengths)} lengths")
+    kind = reward if isinstance(reward, str) and reward in RULE_REWARDS and rewards is None else None
+    if kind == "code":
+        graded = [_code(r, t, code_verifier_api_url) for r, t in zip(responses, targets)]
+    elif kind is not None:
+        graded = [_math(kind, r, t, tags) for r, t in zip(responses, targets)]
+    else:
+        if rewards is None:
+            from coati_relay.rewards.registry import get_reward_fn
+
+            rewards = get_reward_fn(reward)(list(responses), list(targets), list(prompts))
+        graded = [{"gold": t, "parsed": None, "format_valid": None, "ans_valid": float(s > 0), "reward": float(s)}
+                  for t, s in zip(targets, rewards.reshape(-1).tolist())]
+    out = []
+    for p, r, length, g in zip(prompts, responses, response_lengths, graded):
+        record = {"prompt": p, "prediction": r, **g, "response_length": int(length)}
+        out.append({k: record[k] for k in ("prompt", "prediction", *g, "response_length") if k in record})
+    return out
