@@ -17,8 +17,8 @@ from coati_relay.callbacks import check_callbacks, may_stop
 from coati_relay.checkpoint import CHECKPOINTS_DIR
 from coati_relay.config.algorithm import AlgorithmConfig, build_algorithm
 from coati_relay.config.checks import is_int, is_number, is_positive
-from coati_relay.config.evaluation import build_evaluation, build_rollout_log
 from coati_relay.config.colocate import check_colocate
+from coati_relay.config.evaluation import build_evaluation, build_rollout_log
 from coati_relay.config.inference import follow_training_precision
 from coati_relay.config.keys import (
     IGNORED_LAUNCH_KEYS,
