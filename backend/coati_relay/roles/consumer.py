@@ -212,7 +212,7 @@ class ConsumerWorker:
                       allow_cpu_fallback=cfg.plugin.allow_cpu_fallback,
                       max_grad_norm=a.max_grad_norm, scheduler=a.lr_scheduler, total_steps=total_steps,
                       warmup_steps=a.warmup_steps, weight_decay=a.weight_decay, min_lr_ratio=min_lr_ratio,
-                      steps_per_round=steps_per_round)
+                      steps_per_round=steps_per_round, rounds=cfg.total_rounds)
         self.policy = TrainingBackend(policy, lr=a.lr, **common)
         self.device = self.policy.device
         self.backends = {"policy": self.policy}

@@ -118,6 +118,8 @@ class TrainingBackend:
     ``enable_gradient_accumulation``), ``stats = backend.step()``, ``backend.zero_grad()``. Gradients are averaged
     over the data-parallel group by the plugin.
 
+    scheduler: None, "constant", "cosine" or "colossalchat" (`training.schedule.WarmupSchedule`; the last counts
+    ``total_steps`` and ``rounds`` in rounds of ``steps_per_round`` optimizer steps).
     name: what errors call the model ("policy", "critic"). check_finite: stop at a non-finite loss or weight
     (`coati_relay.training.finite_checks`).
     """
@@ -127,7 +129,7 @@ class TrainingBackend:
                  betas: Tuple[float, float] = (0.9, 0.999), max_grad_norm: Optional[float] = None,
                  scheduler: Optional[str] = None, total_steps: Optional[int] = None, warmup_steps: int = 0,
                  allow_cpu_fallback: bool = False, min_lr_ratio: float = 0.0, name: str = "model",
-                 check_finite: bool = True, steps_per_round: int = 1) -> None:
+                 check_finite: bool = True, steps_per_round: int = 1, rounds: int = 0) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"TrainingBackend: model must be an nn.Module, got {type(model).__name__}")
         check_args(lr, weight_decay, betas, max_grad_norm, scheduler, total_steps, warmup_steps, min_lr_ratio,
@@ -149,7 +151,7 @@ class TrainingBackend:
         schedule = None
         if scheduler is not None:
             schedule = LambdaLR(optimizer, WarmupSchedule(scheduler, warmup_steps, total_steps, min_lr_ratio,
-                                                          steps_per_round))
+                                                          steps_per_round, rounds))
         self._wrap(model, optimizer, options, name, check_finite, schedule=schedule)
         logger.info("TrainingBackend: plugin %s %s, %d trainable tensors, optimizer %s", self.plugin_name, options,
                     len(params), type(optimizer).__name__)

@@ -3,7 +3,7 @@ optimizer arguments."""
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 SCHEDULERS = (None, "constant", "cosine", "colossalchat")
 # ColossalChat's GRPOConsumer: CosineAnnealingWarmupLR(total_steps=min(num_episodes, 4) * updates per episode,
@@ -16,27 +16,60 @@ def colossalchat_cosine_rounds(num_episodes: int, rounds_per_episode: int) -> in
     return min(num_episodes, COLOSSALCHAT_EPISODES) * rounds_per_episode
 
 
+def cosine_factor(r: int, total: int, min_lr_ratio: float) -> float:
+    """The closed form of the cosine: ``min_lr_ratio + (1 - min_lr_ratio) * (1 + cos(pi * r / total)) / 2``."""
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * r / total))
+
+
+def colossalchat_factors(total: int, rounds: int, min_lr_ratio: float) -> List[float]:
+    """The LR factor of each of ``rounds`` rounds as ColossalChat's scheduler gives it: colossalai's
+    ``CosineAnnealingWarmupLR(total_steps=total, warmup_steps=0, eta_min=min_lr_ratio * lr)`` stepped once per
+    round, run on a dummy optimizer. Its recursive update (torch's CosineAnnealingLR under colossalai's
+    WarmupScheduler) starts a little above lr (0.56% for total 20) and meets the closed form `cosine_factor` at
+    round ``total``; without colossalai, the closed form."""
+    try:
+        from colossalai.nn.lr_scheduler import CosineAnnealingWarmupLR
+    except ImportError:
+        return [cosine_factor(r, total, min_lr_ratio) for r in range(rounds)]
+    import warnings
+
+    import torch
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scheduler = CosineAnnealingWarmupLR(optimizer, total_steps=total, warmup_steps=0, eta_min=min_lr_ratio)
+        out = []
+        for _ in range(rounds):
+            out.append(float(optimizer.param_groups[0]["lr"]))
+            optimizer.step()
+            scheduler.step()
+    return out
+
+
 class WarmupSchedule:
     """LR factor per optimizer step.
 
     ``constant`` / ``cosine``: linear warmup to 1 over ``warmup_steps``, then constant or cosine down to
     ``min_lr_ratio`` at ``total_steps`` (held there after). ``colossalchat``: ColossalChat's schedule (torch's
     CosineAnnealingLR under colossalai's CosineAnnealingWarmupLR with no warmup) in rounds of ``steps_per_round``
-    optimizer steps, ``total_steps`` being T in rounds: round r trains at
-    ``min_lr_ratio + (1 - min_lr_ratio) * (1 + cos(pi * r / T)) / 2``, which is periodic: past T it rises again, as
-    torch's does. A plain object so that `LambdaLR.state_dict` records its fields."""
+    optimizer steps, ``total_steps`` being T in rounds: round r trains at ``factors[r]`` (`colossalchat_factors`
+    for the run's ``rounds``), which is ``min_lr_ratio + (1 - min_lr_ratio) * (1 + cos(pi * r / T)) / 2`` up to
+    the scheduler's recursion and periodic: past T it rises again, as torch's does. A plain object so that
+    `LambdaLR.state_dict` records its fields."""
 
     def __init__(self, kind: str, warmup_steps: int, total_steps: Optional[int], min_lr_ratio: float,
-                 steps_per_round: int = 1) -> None:
+                 steps_per_round: int = 1, rounds: int = 0) -> None:
         self.kind, self.warmup_steps = kind, warmup_steps
         self.total_steps, self.min_lr_ratio = total_steps, min_lr_ratio
         self.steps_per_round = steps_per_round
+        self.factors = colossalchat_factors(total_steps, rounds, min_lr_ratio) if kind == "colossalchat" else []
 
     def __call__(self, step: int) -> float:
         if self.kind == "colossalchat":
-            r = step // getattr(self, "steps_per_round", 1)
-            return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * r /
-                                                                                       self.total_steps))
+            r = step // self.steps_per_round
+            return self.factors[r] if r < len(self.factors) else cosine_factor(r, self.total_steps,
+                                                                              self.min_lr_ratio)
         if step < self.warmup_steps:
             return (step + 1) / self.warmup_steps
         if self.kind == "constant":
