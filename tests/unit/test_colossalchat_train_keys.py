@@ -300,3 +300,18 @@ def test_profiling_writes_phase_timings_and_a_trace(tiny_model_path, tmp_path):
         warnings.simplefilter("ignore", HostDifferenceWarning)
         launch_distributed(**off)
     assert not (tmp_path / "off" / "run" / "profile").exists()
+
+
+# -- project_name ----------------------------------------------------------------------------------------------------
+def test_project_name_is_the_trackers_project_as_given(tiny_model_path, tmp_path, monkeypatch):
+    """ColossalChat: wandb.init(project=project_name) as given; spaces become '_' only in file names."""
+    from coati_relay import trackers
+
+    kw = small_run_kwargs(tmp_path, tiny_model_path, project_name="my project", report_to=["wandb"])
+    kw.pop("run_dir")
+    cfg, _ = _build(**kw)
+    assert cfg.project_name == "my project" and str(cfg.checkpointing.run_dir) == "runs/my_project"
+    seen = []
+    monkeypatch.setattr(trackers, "open_trackers", lambda report_to, run_dir, project, config: seen.append(project))
+    trackers.open_run_trackers(cfg)
+    assert seen == ["my project"]
