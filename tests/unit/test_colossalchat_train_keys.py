@@ -90,6 +90,15 @@ def test_on_a_cuda_host_the_default_is_hybrid_bf16_zero2(tiny_model_path, tmp_pa
     assert caught == []
 
 
+def test_a_critic_beside_the_hybrid_plugin_trains_with_the_same_zero_stage():
+    from coati_relay.training.plugins import plugin_for_plain_module
+
+    assert plugin_for_plain_module("hybrid", COLOSSALCHAT_PLUGIN_DEFAULTS) == ("zero2", {"stage": 2,
+                                                                                       "precision": "bf16"})
+    assert plugin_for_plain_module("hybrid", {**COLOSSALCHAT_PLUGIN_DEFAULTS, "zero_stage": 0}) == ("ddp", {})
+    assert plugin_for_plain_module("ddp", {}) == ("ddp", {})
+
+
 # -- learning rate ------------------------------------------------------------------------------------------------
 def test_lr_follows_colossalais_cosine_annealing_warmup_lr_per_round():
     """ColossalChat: CosineAnnealingWarmupLR(total_steps=min(episodes, 4) * updates, warmup 0, eta_min=0.1*lr),

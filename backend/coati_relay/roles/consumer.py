@@ -40,7 +40,7 @@ from coati_relay.roles.logprobs import response_logprobs
 from coati_relay.roles.seeding import seed_everything
 from coati_relay.rollout import Rollout
 from coati_relay.training.distributed import all_reduce_sum
-from coati_relay.training.plugins import precision_dtype, with_accumulation
+from coati_relay.training.plugins import plugin_for_plain_module, precision_dtype, with_accumulation
 from coati_relay.training.schedule import COLOSSALCHAT_MIN_LR_RATIO, colossalchat_cosine_rounds
 
 log = logging.getLogger(__name__)
@@ -218,7 +218,9 @@ class ConsumerWorker:
         self.backends = {"policy": self.policy}
         self.critic = None
         if critic is not None:
-            self.critic = TrainingBackend(critic, lr=a.critic_lr, **common)
+            name, options = plugin_for_plain_module(cfg.plugin.name, common["plugin_options"])
+            self.critic = TrainingBackend(critic, lr=a.critic_lr, **{**common, "plugin": name,
+                                                                      "plugin_options": options})
             self.backends["critic"] = self.critic
         self.reference = None
         if reference is not None:  # in the policy's compute dtype: both give the same log-probs at the first step

@@ -257,6 +257,17 @@ def resolve_colossalchat(plugin_config: Dict[str, Any], num_consumer_procs: int,
     return ColossalChatPlugin("ddp", {}, data_parallel, tuple(differences))
 
 
+def plugin_for_plain_module(name: str, options: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
+    """The plugin for a model that is not a transformers model (PPO's critic, an extension) beside a policy trained
+    with ``(name, options)``: HybridParallelPlugin shards transformers models only, so at tp = pp = 1 its ZeRO
+    stage and precision go to LowLevelZero ('zero2'), or to 'ddp' without ZeRO; other plugins as they are."""
+    if name != "hybrid":
+        return name, dict(options)
+    if options.get("zero_stage", 0) > 0:
+        return "zero2", {"stage": options["zero_stage"], "precision": options.get("precision", "bf16")}
+    return "ddp", {}
+
+
 PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
