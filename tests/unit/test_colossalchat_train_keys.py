@@ -13,7 +13,7 @@ import torch
 from small_run import small_run_kwargs
 
 from coati_relay.checkpoint import save_due
-from coati_relay.config import ConfigError, HostDifferenceWarning, build_run_config
+from coati_relay.config.build import ConfigError, HostDifferenceWarning, build_run_config
 from coati_relay.training.plugins import COLOSSALCHAT_PLUGIN_DEFAULTS, resolve_colossalchat
 from coati_relay.training.schedule import (
     WarmupSchedule,
@@ -141,7 +141,7 @@ def test_the_default_schedule_is_colossalchats(tiny_model_path, tmp_path):
 
 
 def test_the_consumer_trains_round_r_at_colossalchats_lr(tiny_model_path, tmp_path):
-    from coati_relay.consumer import ConsumerWorker
+    from coati_relay.roles.consumer import ConsumerWorker
     from coati_relay.training.booster_backend import load_causal_lm
 
     cfg, _ = _build(**small_run_kwargs(tmp_path, tiny_model_path, num_prompts=16, num_episodes=6,
@@ -185,7 +185,7 @@ def test_save_dir_defaults_to_colossalchats_model_folder(tiny_model_path, tmp_pa
 def test_train_model_keys_reach_from_pretrained(tiny_model_path, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from coati_relay.consumer import ConsumerWorker
+    from coati_relay.roles.consumer import ConsumerWorker
 
     tmc = {"path": tiny_model_path, "use_flash_attention_2": True, "use_cache": False,
            "torch_dtype": torch.bfloat16, "checkpoint_path": None}
@@ -208,7 +208,7 @@ def test_train_model_keys_reach_from_pretrained(tiny_model_path, tmp_path, monke
 
 
 def test_on_cuda_dtype_and_flash_attention_go_through(tiny_model_path, tmp_path, monkeypatch):
-    import coati_relay.config_models as cm
+    import coati_relay.config.models as cm
 
     monkeypatch.setattr(cm, "flash_attention_available", lambda cuda: cuda)
     errors, differences = [], []
@@ -237,7 +237,7 @@ def test_inference_model_keys_of_rl_example_are_accepted(tiny_model_path, tmp_pa
 def test_tokenizer_config_keys_reach_auto_tokenizer(tiny_model_path, tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
-    from coati_relay.producer import ProducerWorker
+    from coati_relay.roles.producer import ProducerWorker
 
     tokc = {"path": tiny_model_path, "model_max_length": 77, "truncation_side": "left"}
     cfg, _ = _build(**small_run_kwargs(tmp_path, tiny_model_path, tokenizer_config=tokc))
@@ -267,7 +267,7 @@ def _free_port() -> int:
 
 
 def test_consumers_meet_on_master_port(tiny_model_path, tmp_path, caplog):
-    from coati_relay.consumer import ConsumerWorker
+    from coati_relay.roles.consumer import ConsumerWorker
 
     port = _free_port()
     cfg, _ = _build(**small_run_kwargs(tmp_path, tiny_model_path, master_addr="10.0.0.1", master_port=port))
@@ -314,8 +314,7 @@ def test_profiling_writes_phase_timings_and_a_trace(tiny_model_path, tmp_path):
 # -- project_name ----------------------------------------------------------------------------------------------------
 def test_project_name_is_the_trackers_project_as_given(tiny_model_path, tmp_path, monkeypatch):
     """ColossalChat: wandb.init(project=project_name) as given; spaces become '_' only in file names."""
-    from coati_relay import trackers
-
+    from coati_relay.observe import trackers
     kw = small_run_kwargs(tmp_path, tiny_model_path, project_name="my project", report_to=["wandb"])
     kw.pop("run_dir")
     cfg, _ = _build(**kw)
