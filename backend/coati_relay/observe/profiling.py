@@ -32,11 +32,13 @@ TRACE_ROUNDS = 2
 
 
 class PhaseProfiler:
-    """Phase timings of one role, appended to ``run_dir/profile/<role>.jsonl``; does nothing when not enabled.
+    """Phase timings of one role, appended to ``run_dir/profile/<role>.jsonl``; does nothing when not enabled
+    (``run_dir`` may then be None).
 
     ``trace``: also record a torch profiler trace of the first `TRACE_ROUNDS` rounds (`round_started`)."""
 
-    def __init__(self, run_dir: Union[str, os.PathLike], role: str, enabled: bool, trace: bool = False) -> None:
+    def __init__(self, run_dir: Optional[Union[str, os.PathLike]], role: str, enabled: bool,
+                 trace: bool = False) -> None:
         self.enabled, self.role = bool(enabled), role
         self.path: Optional[Path] = None
         self.trace_path: Optional[Path] = None

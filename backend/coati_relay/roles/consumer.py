@@ -76,7 +76,7 @@ class ConsumerWorker:
         self.publisher = None  # rank 0's, made in setup
         self.round = 0
         self._hosted: Dict[str, Any] = {}  # rank 0: the rendezvous stores it hosts, from `rendezvous` to `setup`
-        self.profiler = PhaseProfiler(cfg.checkpointing.run_dir, f"consumer-{rank}", False)
+        self.profiler = PhaseProfiler(None, f"consumer-{rank}", False)
 
     def _start_profiling(self) -> None:
         """``enable_profiling``: phase timings per round; rank 0 also a torch profiler trace (`observe.profiling`)."""

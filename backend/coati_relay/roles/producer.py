@@ -51,7 +51,7 @@ class ProducerWorker:
                                         "room_wait_s": 0.0, "claim_idle_s": 0.0}
         self.task_log: collections.deque = collections.deque(maxlen=10_000)
         # enable_profiling: phase timings per round (`coati_relay.observe.profiling`); opened in the actor
-        self.profiler = PhaseProfiler(cfg.checkpointing.run_dir, self.name, False)
+        self.profiler = PhaseProfiler(None, self.name, False)
 
     # -- set-up ----------------------------------------------------------------------------------------------
     def setup(self, weight_addr: str = "", weight_port: int = 0) -> Dict[str, Any]:
