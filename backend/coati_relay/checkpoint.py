@@ -32,6 +32,14 @@ _STEP_DIR = re.compile(r"^step-(\d{6,})$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
+def save_due(rounds_done: int, rounds_per_episode: int, save_interval: int) -> bool:
+    """Whether a checkpoint follows the ``rounds_done``-th round (1-based, counted over the whole run): ColossalChat's
+    cadence (``BaseConsumer.loop``): after every ``save_interval``-th round of an episode, counted from the episode's
+    start, and after each episode's last round."""
+    step = (rounds_done - 1) % rounds_per_episode + 1  # the round's place in its episode, 1-based
+    return step % save_interval == 0 or step == rounds_per_episode
+
+
 def _rank() -> int:
     import torch.distributed as dist
 

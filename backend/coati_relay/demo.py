@@ -21,15 +21,18 @@ log = logging.getLogger(__name__)
 # Rows other packages add to the demo's table: ``coati_compat`` registers the legacy API's PPO run here. An entry is
 # ``row(model_path: str, out_dir: Path) -> {"run": str, "run_dir": str, **run_summary}``.
 DEMO_ROWS_GROUP = "coati_relay.demo_rows"
+PROMPTS_PER_ROUND = 8
 
 
 def _engine_kwargs(model: str, data: str, run_dir: Path, algo: str, rounds: int, backend: str,
                    colocate: bool) -> Dict[str, Any]:
-    """Settings that make the reward rise within a minute or two on two CPU cores."""
+    """Settings that make the reward rise within a minute or two on two CPU cores: one episode of ``rounds``
+    rounds over `PROMPTS_PER_ROUND` * rounds prompts, so that ColossalChat's learning-rate cosine spans the run and
+    its one checkpoint is the episode's end."""
     group = 8 if algo != "PPO" else 4
-    prompts_per_round = 8
+    prompts_per_round = PROMPTS_PER_ROUND
     return dict(
-        num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=rounds,
+        num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
         inference_batch_size=prompts_per_round, inference_microbatch_size=prompts_per_round,
         train_batch_size=prompts_per_round, train_minibatch_size=prompts_per_round,
         train_dataset_config={"path": data, "max_length": 32, "system_prompt": ""},
@@ -62,7 +65,7 @@ def run_demo(out_dir: str = "runs/demo", rounds: int = 20, backend: Optional[str
         shutil.rmtree(out)
     out.mkdir(parents=True)
     model = str(build_tiny_model(seed=seed))
-    data = str(write_toy_dataset(out / "prompts.jsonl", num_prompts=8))
+    data = str(write_toy_dataset(out / "prompts.jsonl", num_prompts=PROMPTS_PER_ROUND * rounds))
     print(f"[demo] tiny model: {model}\n[demo] prompts:    {data}")
     if not colocate or legacy:
         import ray

@@ -47,8 +47,9 @@ def test_checkpoint_then_resume_loses_no_step(ray_cluster, tiny_model_path, data
 
     first = launch_distributed(**run_kwargs(tiny_model_path, data, tmp_path / "a", backend="transformers",
                                             rounds=4, save_interval=2))
-    assert [p.name for p in list_checkpoints(tmp_path / "a")] == ["step-000002", "step-000004"]
-    ckpt = str(list_checkpoints(tmp_path / "a")[0])
+    # one-round episodes: ColossalChat's cadence saves at each episode's end
+    assert [p.name for p in list_checkpoints(tmp_path / "a")] == [f"step-00000{i}" for i in (1, 2, 3, 4)]
+    ckpt = str(list_checkpoints(tmp_path / "a")[1])
     resumed = launch_distributed(**run_kwargs(tiny_model_path, data, tmp_path / "b", backend="transformers",
                                               rounds=4, save_interval=2, resume_from=ckpt))
     assert [h["step"] for h in resumed.history] == [3, 4], "resume continues at the step after the checkpoint"

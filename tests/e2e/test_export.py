@@ -48,7 +48,8 @@ def _trained_policy(model_path, step_dir, lora=None):
 
 @pytest.fixture(scope="module")
 def grpo_run(tiny_model_path, tmp_path_factory):
-    """A colocated GRPO run of 3 rounds on the toy task, checkpoints at steps 2 and 3."""
+    """A colocated GRPO run of 3 one-round episodes on the toy task: a checkpoint after each (ColossalChat's
+    cadence saves at every episode's end)."""
     from run_helpers import run_kwargs
 
     from coati_relay import launch_distributed
@@ -60,7 +61,7 @@ def grpo_run(tiny_model_path, tmp_path_factory):
                     num_consumer_procs=1, inference_batch_size=8, train_batch_size=8, save_interval=2,
                     colocate=True)
     result = launch_distributed(**kw)
-    assert [Path(c).name for c in result.checkpoints] == ["step-000002", "step-000003"]
+    assert [Path(c).name for c in result.checkpoints] == ["step-000001", "step-000002", "step-000003"]
     return root / "run"
 
 

@@ -153,7 +153,8 @@ def test_run_killed_between_checkpoints_resumes_without_losing_a_step(ray_cluste
     kwargs = small_run(tiny_model_path, data, run_dir, num_episodes=rounds // 2, save_interval=4)
     run_to_failure(kill_actor(ray_cluster, "consumer-0"), kwargs, after_steps=5)
     saved_step = json.loads((list_checkpoints(run_dir)[-1] / "state.json").read_text())["step"]
-    assert saved_step in (4, 8, 12), "the kill lands before the last round"
+    # two-round episodes: ColossalChat's cadence saves at each episode's end (save_interval 4 > 2 rounds)
+    assert saved_step in range(2, rounds, 2), "the kill lands before the last round"
     resumed = launch_distributed(**{**kwargs, "resume_from": str(run_dir)})
     assert [h["step"] for h in resumed.history] == list(range(saved_step + 1, rounds + 1))
     assert resumed.history[0]["rollout_version_min"] == saved_step, "producers start from the checkpoint's weights"

@@ -106,7 +106,8 @@ BAD = [
     ("unknown-backend", lambda f: {"inference_backend": "sglang"}, ["inference_backend", "vllm"]),
     ("unknown-plugin", lambda f: {"plugin_config": {"plugin": "fsdp"}}, ["plugin", "ddp"]),
     ("cuda-plugin-on-cpu", lambda f: {"plugin_config": {"plugin": "gemini"}}, ["gemini"]),
-    ("zero-stage-on-cpu", lambda f: {"plugin_config": {"zero_stage": 2}}, ["plugin_config"]),
+    ("zero-stage-fp32", lambda f: {"plugin_config": {"zero_stage": 2, "precision": "fp32"}},
+     ["plugin_config", "zero_stage > 0 needs precision"]),
     ("negative-lr", lambda f: {"grpo_config": {"lr": -1.0}}, ["lr", "> 0"]),
     ("unknown-grpo-key", lambda f: {"grpo_config": {"learning_rate": 1e-3}}, ["learning_rate"]),
     ("misspelt-grpo-key", lambda f: {"grpo_config": {"clip_eps_hgh": 0.3}}, ["did you mean 'clip_eps_high'"]),
@@ -160,7 +161,7 @@ BAD = [
     ("ignore-eos-str", lambda f: {"generate_config": {"ignore_eos": "yes"}}, ["ignore_eos", "bool"]),
     # inference_model_config: a per-backend allow-list
     ("imc-checkpoint-path", lambda f: {"inference_model_config": {"path": f["model"], "checkpoint_path": f["model"]}},
-     ["inference_model_config['checkpoint_path'] is refused", "resume_from"]),
+     ["inference_model_config['checkpoint_path']", "no checkpoint at", "None starts afresh"]),
     ("imc-seed", lambda f: {"inference_model_config": {"path": f["model"], "seed": 1}}, ["'seed'", "seed=..."]),
     ("imc-model", lambda f: {"inference_model_config": {"path": f["model"], "model": f["model"]}},
      ["inference_model_config['path']"]),
@@ -217,9 +218,13 @@ BAD = [
     ("lora-no-modules", lambda f: {"train_model_config": {"path": f["model"], "lora": {"r": 4,
                                                                                        "target_modules": []}}},
      ["target_modules"]),
-    # plugins: model parallelism is refused, ColossalChat's extras are checked
-    ("pipeline-parallel", lambda f: {"plugin_config": {"tp_size": 1, "pp_size": 2, "microbatch_size": 1}},
+    # plugins: model parallelism with an explicit plugin is refused (ColossalChat's form runs it data-parallel,
+    # test_colossalchat_train_keys.py), ColossalChat's extras are checked
+    ("pipeline-parallel", lambda f: {"plugin_config": {"plugin": "hybrid", "pp_size": 2, "microbatch_size": 1}},
      ["pp_size=2 is not implemented", "pipeline schedule", "num_consumer_procs"]),
+    ("model-parallel-uneven", lambda f: {"plugin_config": {"tp_size": 4}},
+     ["num_consumer_procs=2 must be a multiple of tp_size*pp_size*sp_size=4"]),
+    ("expert-parallel-colossalchat", lambda f: {"plugin_config": {"ep_size": 2}}, ["no options ['ep_size']"]),
     ("tensor-parallel", lambda f: {"plugin_config": {"plugin": "hybrid", "tp_size": 2}},
      ["tp_size=2 is not implemented"]),
     ("sequence-parallel", lambda f: {"plugin_config": {"plugin": "hybrid", "sp_size": 2}},
@@ -333,18 +338,15 @@ def test_colossalchat_keys_without_effect_warn_once(files, caplog):
 
     ck._WARNED.clear()
     over = dict(grpo_config={"lr": 1e-3, "reward_fn_type": "toy_letter", "skip_threshold": 20.0, "max_length": 9},
-                master_port=29506,
+                data_actor_buffer_size_limit=8,
                 generate_config={"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0, "output_logits": True},
-                train_model_config={"path": files["model"], "use_flash_attention_2": True},
-                inference_model_config={"path": files["model"], "use_flash_attention_2": True})
+                train_model_config={"path": files["model"]}, inference_model_config={"path": files["model"]})
     with caplog.at_level("WARNING", logger="coati_relay.config.keys"):
         build_run_config(**good(files, **over))
         build_run_config(**good(files, **over))
     lines = [r.getMessage() for r in caplog.records]
     for key in ("grpo_config['max_length']", "grpo_config['skip_threshold']",
-                "launch_distributed['master_port']",
-                "generate_config['output_logits']", "train_model_config['use_flash_attention_2']",
-                "inference_model_config['use_flash_attention_2']"):
+                "launch_distributed['data_actor_buffer_size_limit']", "generate_config['output_logits']"):
         assert sum(key in line and "no effect here" in line for line in lines) == 1, (key, lines)
 
 

@@ -48,8 +48,8 @@ class Advantages:
     returns: Optional[torch.Tensor] = None
 
 
-# PPO is this engine's extension; its defaults differ from the GRPO family's.
-PPO_DEFAULTS = {"weight_decay": 0.0, "normalize_advantages": True}
+# PPO is this engine's extension; its defaults differ from the GRPO family's (a constant LR included).
+PPO_DEFAULTS = {"weight_decay": 0.0, "normalize_advantages": True, "lr_scheduler": "constant"}
 
 
 @register("advantage", "grpo", spec=AlgorithmSpec(min_group_size=2))

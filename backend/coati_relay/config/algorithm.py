@@ -93,7 +93,11 @@ ALGORITHM_KEYS: Dict[str, Key] = {
     "lam": Key(0.95, lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "ppo_epochs": Key(1, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an int >= 1"),
     "normalize_advantages": Key(False, is_flag, "a bool"),
-    "lr_scheduler": Key("constant", lambda v: v in (None, "constant", "cosine"), "None, 'constant' or 'cosine'"),
+    "lr_scheduler": Key("colossalchat", lambda v: v in (None, "constant", "cosine", "colossalchat"),
+                        "None, 'constant', 'cosine' or 'colossalchat'",
+                        "'colossalchat' (the default): ColossalChat's cosine from lr down to 0.1 * lr over "
+                        "min(num_episodes, 4) episodes, one value per round (coati_relay.training.schedule); "
+                        "'constant' and 'cosine' (over all optimizer steps, with warmup_steps) are this engine's"),
     "warmup_steps": Key(0, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an int >= 0"),
     "max_grad_norm": Key(None, lambda v: v is None or is_positive(v), "None or a number > 0"),
     "policy_loss": Key("ppo_clip", _registered("policy_loss"), _registered_names("policy_loss"),
@@ -188,6 +192,9 @@ def build_algorithm(errors: List[str], core_algo: Any, grpo: Mapping[str, Any],
         errors.append("grpo_config['soft_over_length_punishment'] needs grpo_config['cache_length'] (the tokens "
                       "before max_new_tokens where the penalty grows; ColossalChat's DAPO uses min(1024, "
                       "max_new_tokens // 4))")
+    if values["lr_scheduler"] == "colossalchat" and values["warmup_steps"]:
+        errors.append(f"grpo_config['warmup_steps']={values['warmup_steps']} needs lr_scheduler 'constant' or "
+                      f"'cosine' (this engine's); ColossalChat's schedule ('colossalchat', the default) has no warmup")
     big = grpo.get("max_new_tokens")  # its type is checked with the sampling settings, which fall back on it
     big = big if isinstance(big, int) and not isinstance(big, bool) and big > 0 else None
     return AlgorithmConfig(**values, algo=estimator, max_new_tokens=big)

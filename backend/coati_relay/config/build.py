@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -63,7 +64,7 @@ def _dict(errors: List[str], name: str, value: Any) -> Dict[str, Any]:
 
 
 def count_prompts(errors: List[str], dataset: Any, tokenizer_path: str, max_prompt_tokens: int,
-                  system_prompt: Optional[str]) -> int:
+                  system_prompt: Optional[str], tokenizer_kwargs: Optional[Dict[str, Any]] = None) -> int:
     """Loads the dataset once in the driver to count it and catch format errors early."""
     if errors:
         return 0
@@ -72,7 +73,7 @@ def count_prompts(errors: List[str], dataset: Any, tokenizer_path: str, max_prom
     from coati_relay.prompts import load_prompts
 
     try:
-        ds = load_prompts(dataset, AutoTokenizer.from_pretrained(tokenizer_path),
+        ds = load_prompts(dataset, AutoTokenizer.from_pretrained(tokenizer_path, **(tokenizer_kwargs or {})),
                           max_prompt_tokens=max_prompt_tokens, system_prompt=system_prompt)
     except (ValueError, FileNotFoundError, KeyError, TypeError) as exc:
         errors.append(f"train_dataset_config: {exc}")
@@ -224,9 +225,14 @@ def _batches(errors: List[str], roles: Roles, num_episodes: Any, inference_batch
                    train_minibatch_size=tmbs, train_microbatch_size=tmicro, num_generations=ng)
 
 
-def _plugin(errors: List[str], plc: Dict[str, Any]) -> Tuple[Plugin, Optional[float]]:
-    """The plugin section and ColossalChat's ``plugin_config["max_norm"]`` (gradient clipping) if given."""
-    from coati_relay.training.plugins import resolve_plugin
+def _plugin(errors: List[str], plc: Dict[str, Any], num_consumer_procs: int,
+            differences: List[str]) -> Tuple[Plugin, Optional[float], int]:
+    """The plugin section, ColossalChat's ``plugin_config["max_norm"]`` (gradient clipping) if given, and the number
+    of data-parallel consumers. Without a ``'plugin'`` key, ``plugin_config`` means what it means to ColossalChat
+    (`training.plugins.resolve_colossalchat`: HybridParallelPlugin, tp 1, pp 1, bf16, ZeRO 2, updated with the given
+    options; what this host cannot run goes to ``differences``). ``'plugin'`` (an extension of this engine) names
+    one of `training.plugins.PLUGINS` with its own options instead."""
+    from coati_relay.training.plugins import resolve_colossalchat, resolve_plugin
 
     plc = dict(plc)
     name = plc.pop("plugin", None)
@@ -238,16 +244,19 @@ def _plugin(errors: List[str], plc: Dict[str, Any]) -> Tuple[Plugin, Optional[fl
         errors.append(f"plugin_config['max_norm'] must be None or a finite number > 0 (gradient clipping), "
                       f"got {max_norm!r}")
         max_norm = None
-    plc.pop("microbatch_size", None)  # ColossalChat passes it for pipeline parallelism only
-    if name is None:
-        name = "hybrid" if {"tp_size", "pp_size", "zero_stage"} & set(plc) else "ddp"
-        if name == "hybrid" and all(plc.get(k, d) == d for k, d in (("tp_size", 1), ("pp_size", 1), ("zero_stage", 0))):
-            name, plc = "ddp", {}
+    data_parallel = num_consumer_procs
     try:
-        name, plc = resolve_plugin(name, plc, allow_cpu_fallback=allow_fallback)
+        if name is None:
+            chosen = resolve_colossalchat(plc, num_consumer_procs)
+            name, plc, data_parallel = chosen.name, chosen.options, chosen.data_parallel
+            differences.extend(f"plugin_config: {d}" for d in chosen.differences)
+        else:
+            plc.pop("microbatch_size", None)  # ColossalChat passes it for pipeline parallelism only
+            name, plc = resolve_plugin(name, plc, allow_cpu_fallback=allow_fallback)
     except ValueError as exc:
         errors.append(f"plugin_config: {exc}")
-    return Plugin(name=name, options=plc, allow_cpu_fallback=allow_fallback is True), max_norm
+        name = name or "ddp"
+    return Plugin(name=name, options=plc, allow_cpu_fallback=allow_fallback is True), max_norm, data_parallel
 
 
 def _prompt_tokens(tdc: Dict[str, Any]) -> int:
@@ -256,7 +265,8 @@ def _prompt_tokens(tdc: Dict[str, Any]) -> int:
     return value if is_int(value) and value > 0 else DEFAULT_PROMPT_TOKENS
 
 
-def _data(errors: List[str], tdc: Dict[str, Any], tokenizer_path: str, prompts_per_version: int) -> Data:
+def _data(errors: List[str], tdc: Dict[str, Any], tokenizer_path: str, prompts_per_version: int,
+          tokenizer_kwargs: Optional[Dict[str, Any]] = None) -> Data:
     dataset = tdc.get("path", tdc.get("prompts"))
     if dataset is None:
         errors.append("train_dataset_config needs 'path' (a .jsonl in ColossalChat's format or a .csv with a "
@@ -273,7 +283,7 @@ def _data(errors: List[str], tdc: Dict[str, Any], tokenizer_path: str, prompts_p
         errors.append(f"train_dataset_config['system_prompt'] must be a string or None (ColossalChat's default "
                       f"prompt), got {type(system_prompt).__name__}")
         system_prompt = None
-    num_prompts = count_prompts(errors, dataset, tokenizer_path, max_prompt_tokens, system_prompt)
+    num_prompts = count_prompts(errors, dataset, tokenizer_path, max_prompt_tokens, system_prompt, tokenizer_kwargs)
     if not errors and num_prompts < prompts_per_version:
         errors.append(f"the dataset has {num_prompts} prompts, fewer than one weight version needs "
                       f"(inference_batch_size*num_producers = {prompts_per_version}); lower the batch sizes or add "
@@ -289,7 +299,8 @@ def build_run_config(
     train_model_config: Dict[str, Any], grpo_config: Dict[str, Any], plugin_config: Dict[str, Any],
     tokenizer_config: Optional[Dict[str, Any]] = None, inference_backend: str = "transformers",
     num_generations: int = 8, core_algo: str = "GRPO", project_name: Optional[str] = None,
-    save_interval: int = 100, save_dir: Optional[str] = None, n_behind: int = 0,
+    save_interval: int = 100, save_dir: Optional[str] = "./model", n_behind: int = 0,
+    master_addr: str = "localhost", master_port: int = 29500, enable_profiling: bool = False,
     critic_model_config: Optional[Dict[str, Any]] = None, reward_model_config: Optional[Dict[str, Any]] = None,
     run_dir: Optional[str] = None, resume_from: Optional[str] = None, on_producer_failure: str = "fail",
     timeout_s: float = 300.0, seed: int = 42, progress: bool = True, weight_sync: str = "object_store",
@@ -304,8 +315,15 @@ def build_run_config(
 
     ``report_to``: experiment trackers besides ``metrics.jsonl``, a list of "tensorboard", "wandb" (W&B project
     ``project_name``) or "none" (`coati_relay.observe.trackers`). ``callbacks``: the driver's hooks
-    (`coati_relay.callbacks`)."""
+    (`coati_relay.callbacks`).
+
+    What this host runs differently from ColossalChat (no CUDA: bf16, ZeRO, flash attention; tp/pp > 1 anywhere)
+    is named in one `HostDifferenceWarning`, issued here in the driver once per run."""
+    import torch
+
     errors: List[str] = []
+    differences: List[str] = []
+    cuda = torch.cuda.is_available()
     _check_launch_keys(errors, ignored)
     trackers = _report_to(errors, report_to)
     hooks = check_callbacks(errors, callbacks)
@@ -319,20 +337,26 @@ def build_run_config(
     tokc = _dict(errors, "tokenizer_config", tokenizer_config)
     rm_cfg = _dict(errors, "reward_model_config", reward_model_config)
     critic_cfg = _dict(errors, "critic_model_config", critic_model_config)
-    _check_sections(errors, {"train_dataset_config": tdc, "train_model_config": tmc, "tokenizer_config": tokc,
+    _check_sections(errors, {"train_dataset_config": tdc, "train_model_config": tmc,
                              "critic_model_config": critic_cfg, "reward_model_config": rm_cfg})
+    if "path" in tokc and not isinstance(tokc["path"], (str, os.PathLike)):
+        errors.append(f"tokenizer_config['path'] must be a directory or Hub ID, got {tokc['path']!r}")
+    _rendezvous(errors, master_addr, master_port)
+    if not isinstance(enable_profiling, bool):
+        errors.append(f"enable_profiling must be True or False, got {enable_profiling!r}")
 
     roles = _roles(errors, num_producers, num_proc_per_producer, num_consumer_procs, inference_backend, weight_sync,
                    on_producer_failure, n_behind, timeout_s,
                    _placement(errors, placement_strategy, placement_timeout_s, role_resources))
+    plugin, max_norm, data_parallel = _plugin(errors, plc, roles.num_consumers, differences)
+    roles = replace(roles, num_consumers=data_parallel)
     batches = _batches(errors, roles, num_episodes, inference_batch_size, inference_microbatch_size,
                        train_batch_size, train_minibatch_size, num_generations, grpo)
     sampling = build_sampling(errors, gen, grpo, roles.inference_backend, core_algo, _prompt_tokens(tdc))
     algo = build_algorithm(errors, core_algo, grpo, batches.num_generations)
     models = build_models(errors, roles, imc, tmc, tokc, critic_cfg, rm_cfg, core_algo,
-                     None if algo is None else algorithms.spec(core_algo).needs_critic)
+                          None if algo is None else algorithms.spec(core_algo).needs_critic, differences, cuda)
     reward = _reward(errors, grpo, rm_cfg)
-    plugin, max_norm = _plugin(errors, plc)
     if models.lora and plugin is not None and plugin.name == "gemini":
         errors.append("train_model_config['lora'] with plugin 'gemini': the LoRA adapters are published from the "
                       "unwrapped model, whose parameters Gemini shards across ranks; use plugin 'zero2' or 'ddp' "
@@ -343,8 +367,9 @@ def build_run_config(
     if max_norm is not None and algo is not None and algo.max_grad_norm is None:
         algo = replace(algo, max_grad_norm=max_norm)
     name, checkpointing = _run_settings(errors, seed, progress, project_name, save_interval, run_dir, save_dir,
-                                        resume_from, tmc.get("checkpoint_path"))
-    data = _data(errors, tdc, models.tokenizer_path, batches.inference_batch_size * roles.num_producers)
+                                        resume_from, tmc.get("checkpoint_path"), imc.get("checkpoint_path"))
+    data = _data(errors, tdc, models.tokenizer_path, batches.inference_batch_size * roles.num_producers,
+                 models.tokenizer_kwargs)
     evaluation = build_evaluation(errors, eval_dataset_config, eval_interval, eval_save_dir, eval_generation_config,
                                   gen, grpo, sampling, None if errors else models.tokenizer_path, reward,
                                   checkpointing.run_dir, checkpointing.resume_from is not None,
@@ -354,10 +379,34 @@ def build_run_config(
         reward, user_code = _ship(errors, reward, algo.algo, bool(rm_cfg), algo)
     if errors:
         raise ConfigError("invalid launch configuration:\n  - " + "\n  - ".join(errors))
+    warn_host_differences(differences)
     return RunConfig(roles=roles, batches=batches, models=models, data=data, sampling=sampling, plugin=plugin,
                      checkpointing=checkpointing, core_algo=core_algo, algo=algo, reward=reward, project_name=name,
                      report_to=trackers, seed=seed, progress=progress, user_code=user_code, callbacks=hooks,
-                     stop_gate=may_stop(hooks), evaluation=evaluation, rollout_log=rollout_log)
+                     stop_gate=may_stop(hooks), evaluation=evaluation, rollout_log=rollout_log,
+                     master_port=master_port, enable_profiling=enable_profiling)
+
+
+class HostDifferenceWarning(RuntimeWarning):
+    """This host runs part of a ColossalChat configuration differently (no CUDA, no model parallelism)."""
+
+
+def warn_host_differences(differences: List[str]) -> None:
+    """The one warning of a run that names each difference from ColossalChat's run and what runs instead."""
+    if differences:
+        warnings.warn("this run differs from ColossalChat's on this host:\n  - " + "\n  - ".join(differences),
+                      HostDifferenceWarning, stacklevel=4)
+
+
+def _rendezvous(errors: List[str], master_addr: Any, master_port: Any) -> None:
+    """ColossalChat's ``master_port``: the port the consumers' process group meets on (rank 0's node);
+    ``master_addr``: ColossalChat's launcher passes the IP of consumer rank 0's node instead (launch.py), and so does
+    this engine, so only its type is checked."""
+    if not isinstance(master_addr, str) or not master_addr:
+        errors.append(f"master_addr must be a host name or IP address (str), got {master_addr!r}")
+    if not is_int(master_port) or not 0 < master_port < 65536:
+        errors.append(f"master_port must be an int in 1..65535 (the consumers' rendezvous port), got "
+                      f"{master_port!r}")
 
 
 def _report_to(errors: List[str], report_to: Any) -> Tuple[str, ...]:
@@ -371,8 +420,15 @@ def _report_to(errors: List[str], report_to: Any) -> Tuple[str, ...]:
 
 
 def _run_settings(errors: List[str], seed: Any, progress: Any, project_name: Any, save_interval: int, run_dir: Any,
-                  save_dir: Any, resume_from: Any, checkpoint_path: Any) -> Tuple[str, Checkpointing]:
-    """The run's name and where it writes and resumes from."""
+                  save_dir: Any, resume_from: Any, checkpoint_path: Any,
+                  inference_checkpoint_path: Any = None) -> Tuple[str, Checkpointing]:
+    """The run's name and where it writes and resumes from.
+
+    ``project_name``: the trackers' project as given (ColossalChat's W&B project); the default run directory is
+    ``runs/NAME`` with spaces as ``_``. ``save_dir``: ColossalChat's ``"./model"`` by default; where this engine's
+    ``run_dir`` is given and ``save_dir`` is not, under ``run_dir``. ColossalChat's driver passes the same
+    ``checkpoint_path`` in both model configs (None: start afresh); here each names the checkpoint to resume from,
+    like ``resume_from``, and given ones must agree."""
     if not is_int(seed) or seed < 0:
         errors.append(f"seed must be an int >= 0, got {seed!r}")
     if not isinstance(progress, bool):
@@ -384,17 +440,29 @@ def _run_settings(errors: List[str], seed: Any, progress: Any, project_name: Any
         if value is not None and (not isinstance(value, (str, os.PathLike)) or not str(value)):
             errors.append(f"{key} must be None or a directory path, got {value!r}")
     given = {k: v for k, v in (("resume_from", resume_from), ("train_model_config['checkpoint_path']",
-                                                                checkpoint_path)) if v is not None}
-    if len(given) == 2 and str(resume_from) != str(checkpoint_path):
-        errors.append(f"resume_from={resume_from!r} and train_model_config['checkpoint_path']={checkpoint_path!r} "
-                      f"disagree; give one of them")
+                                                                checkpoint_path),
+                               ("inference_model_config['checkpoint_path']", inference_checkpoint_path))
+             if v is not None}
+    if len({str(v) for v in given.values()}) > 1:
+        errors.append(f"{' and '.join(f'{k}={v!r}' for k, v in given.items())} disagree; give one checkpoint")
     for key, value in given.items():
         if not isinstance(value, (str, os.PathLike)) or not str(value) or not Path(value).exists():
             errors.append(f"{key}={value!r} does not exist; pass a checkpoint directory "
                           f"(run_dir/{CHECKPOINTS_DIR}/step-NNNNNN) or a run directory (run_dir, holding "
                           f"{CHECKPOINTS_DIR}/)")
-    name = (project_name or "coati-relay").replace(" ", "_")
-    rd = Path(run_dir) if isinstance(run_dir, (str, os.PathLike)) and str(run_dir) else Path("runs") / name
+        elif key.endswith("['checkpoint_path']"):
+            from coati_relay.checkpoint import resolve_checkpoint
+
+            try:
+                resolve_checkpoint(value)
+            except FileNotFoundError as exc:
+                errors.append(f"{key}: {exc} (this engine's checkpoints: run_dir/{CHECKPOINTS_DIR}/step-NNNNNN; "
+                              f"None starts afresh)")
+    name = project_name or "coati-relay"
+    given_run_dir = isinstance(run_dir, (str, os.PathLike)) and bool(str(run_dir))
+    rd = Path(run_dir) if given_run_dir else Path("runs") / name.replace(" ", "_")
+    if save_dir == "./model" and given_run_dir:  # ColossalChat's default, with this engine's run_dir given
+        save_dir = None
     sd = Path(save_dir) if isinstance(save_dir, (str, os.PathLike)) and str(save_dir) else rd
     resume = next(iter(given.values()), None)
     return name, Checkpointing(save_interval=save_interval, run_dir=rd, save_dir=sd,

@@ -15,7 +15,7 @@ error naming the closest valid one.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional
 
 from coati_relay.config.checks import is_flag, is_int, is_number, is_positive_int
 from coati_relay.config.keys import closest, warn_ignored
@@ -82,6 +82,8 @@ VLLM_KEYS: Dict[str, Check] = {
 TRANSFORMERS_KEYS: Dict[str, Check] = {
     "dtype": Check(_dtype(_DTYPE_NAMES), f"one of {list(_DTYPE_NAMES)} or a torch dtype"),
     "device": Check(_device, "'cpu', 'cuda' or 'cuda:N' (default: the producer's GPU where it has one)"),
+    "attn_implementation": Check(lambda v: isinstance(v, str), "a str such as 'sdpa', 'eager' or "
+                                                               "'flash_attention_2'"),
 }
 
 BACKEND_KEYS = {"vllm": VLLM_KEYS, "transformers": TRANSFORMERS_KEYS}
@@ -89,9 +91,6 @@ ALIASES = {"torch_dtype": "dtype"}  # ColossalChat's transformers producers pass
 
 # Keys refused for every backend, with what to do instead.
 REFUSED_KEYS = {
-    "checkpoint_path": "producers take their weights from the consumers, so a checkpoint here would be overwritten "
-                       "by version 0; to start from a checkpoint pass resume_from=CHECKPOINT_OR_RUN_DIR (or "
-                       "train_model_config['checkpoint_path'])",
     "model": "the checkpoint is inference_model_config['path']",
     "tokenizer": "the tokenizer is tokenizer_config['path'] (default: the model's own)",
     "seed": "each producer's engine is seeded with launch_distributed(seed=...) plus its index; set seed there",
@@ -111,19 +110,36 @@ BACKEND_REFUSED_KEYS = {
 }
 
 # ColossalChat keys that mean nothing here, per backend, and why.
-IGNORED_KEYS = {
-    "transformers": {"use_flash_attention_2": "producers generate with the default attention"},
-    "vllm": {},
-}
+IGNORED_KEYS: Dict[str, Dict[str, str]] = {"transformers": {}, "vllm": {}}
+# Keys read elsewhere: 'path' (the checkpoint); 'checkpoint_path' (ColossalChat's producers resume their place in
+# the data from it: here the run resumes from it, `coati_relay.config._run_settings`; None: from the start).
+READ_ELSEWHERE = ("path", "checkpoint_path")
 
 
-def check_inference_config(errors: List[str], backend: str, imc: Mapping[str, Any],
-                           num_proc_per_producer: int) -> Dict[str, Any]:
-    """The engine keywords of ``imc`` (all but ``path``) for ``backend``, checked; problems go to ``errors``.
+def check_inference_config(errors: List[str], backend: str, imc: Mapping[str, Any], num_proc_per_producer: int,
+                           differences: Optional[List[str]] = None, cuda: bool = False) -> Dict[str, Any]:
+    """The engine keywords of ``imc`` (all but `READ_ELSEWHERE`) for ``backend``, checked; problems go to
+    ``errors``.
 
     ``tensor_parallel_size`` is set from ``num_proc_per_producer`` (> 1); a different one given here is an error.
-    ``dtype`` names become torch dtypes for transformers.
+    ``dtype`` names become torch dtypes for transformers. ColossalChat's ``use_flash_attention_2`` (transformers)
+    becomes ``attn_implementation="flash_attention_2"`` where CUDA and flash-attn are present; elsewhere the default
+    attention runs and ``differences`` says so.
     """
+    imc = dict(imc)
+    if backend == "transformers" and "use_flash_attention_2" in imc:
+        from coati_relay.config.models import flash_attention_available
+
+        flash = imc.pop("use_flash_attention_2")
+        if not isinstance(flash, bool):
+            errors.append(f"inference_model_config['use_flash_attention_2'] must be True or False, got {flash!r}")
+        elif flash and "attn_implementation" not in imc:
+            if flash_attention_available(cuda):
+                imc["attn_implementation"] = "flash_attention_2"
+            elif differences is not None:
+                differences.append("inference_model_config['use_flash_attention_2']=True: flash attention 2 needs "
+                                   "CUDA and the flash-attn package, which this host lacks; producers generate with "
+                                   "the model's default attention instead")
     if backend not in BACKEND_KEYS:
         return {}  # the backend itself is reported by the roles' check
     allowed = BACKEND_KEYS[backend]
@@ -131,7 +147,7 @@ def check_inference_config(errors: List[str], backend: str, imc: Mapping[str, An
     refused = {**REFUSED_KEYS, **BACKEND_REFUSED_KEYS[backend]}
     out: Dict[str, Any] = {}
     for given, value in imc.items():
-        if given == "path":
+        if given in READ_ELSEWHERE:
             continue
         key = ALIASES.get(given, given)
         if key in refused:

@@ -1,6 +1,7 @@
 """The keys of the configuration sections and their checks: a key the run reads passes, a ColossalChat key without
 effect here warns once (with the reason), an unknown key is an error that names the closest valid one. The keys of
-``grpo_config`` are in `coati_relay.config.algorithm`."""
+``grpo_config`` are in `coati_relay.config.algorithm`; ``tokenizer_config``'s all go to
+``AutoTokenizer.from_pretrained``, as in ColossalChat's producer."""
 from __future__ import annotations
 
 import difflib
@@ -11,20 +12,17 @@ log = logging.getLogger(__name__)
 
 # Keys of the other sections that the run reads.
 SECTION_KEYS = {"train_dataset_config": ("path", "prompts", "max_length", "system_prompt"),
-                "train_model_config": ("path", "checkpoint_path", "lora", "gradient_checkpointing"),
-                "tokenizer_config": ("path",),
+                "train_model_config": ("path", "checkpoint_path", "lora", "gradient_checkpointing",
+                                       # passed to from_pretrained (coati_relay.config.models.from_pretrained_kwargs)
+                                       "use_flash_attention_2", "use_cache", "torch_dtype", "attn_implementation",
+                                       "trust_remote_code"),
                 "critic_model_config": ("path",), "reward_model_config": ("path",)}
 # Keys ColossalChat scripts pass that mean nothing here, and why (generate_config's keys: by backend, in
 # coati_relay.inference.generate_keys).
 IGNORED_SECTION_KEYS = {
-    "train_model_config": dict.fromkeys(("use_flash_attention_2", "use_cache", "torch_dtype"),
-                                        "consumers train in the plugin's precision with the default attention"),
 }
 # Keywords of ColossalChat's launch_distributed that have no effect here, and why.
 IGNORED_LAUNCH_KEYS = {
-    "master_addr": "consumers meet on their rank 0's node IP, chosen at launch",
-    "master_port": "consumers meet on a free port chosen at launch",
-    "enable_profiling": "no profiler is attached",
     "data_actor_buffer_size_limit": "it is the zero-bubble entry's (coati_relay.launch_zero_bubble."
                                     "launch_distributed); this entry's rollout queue is bounded by n_behind",
 }

@@ -43,7 +43,7 @@ LAUNCH_KEYWORDS: Dict[str, Tuple[str, str]] = {
     "inference_model_config": (CC, "the producers' model: {'path': a local model directory or a Hugging Face Hub "
                                    "ID such as 'Qwen/Qwen2.5-7B', resolved once through the Hugging Face cache "
                                    "before any actor starts (downloaded only when HF_HUB_OFFLINE is not set)}, plus "
-                                   "the inference engine's keywords"),
+                                   "the inference engine's keywords ('checkpoint_path': as resume_from)"),
     "generate_config": (CC, "sampling, each key with the meaning of the backend in use, as ColossalChat hands the "
                             "dict to transformers' generate() or vllm.SamplingParams; 'temperature' and 'top_p' are "
                             "required (extension: 1.0 each for core_algo='PPO'). Both backends: max_new_tokens or "
@@ -57,7 +57,9 @@ LAUNCH_KEYWORDS: Dict[str, Tuple[str, str]] = {
                             "naming the backend that knows it (coati_relay.inference.generate_keys)"),
     "train_model_config": (CC, "the trained policy: {'path' (a directory or Hub ID; default: the inference model's), "
                                "'lora': {'r', 'alpha', 'target_modules', 'dropout'}, 'gradient_checkpointing', "
-                               "'checkpoint_path' (as resume_from)}"),
+                               "'checkpoint_path' (as resume_from; None: afresh), and from_pretrained's "
+                               "'torch_dtype', 'use_cache', 'use_flash_attention_2' (flash attention where CUDA and "
+                               "flash-attn are), 'attn_implementation', 'trust_remote_code'}"),
     "grpo_config": (CC, "the algorithm's settings: algo (the advantage estimator; default core_algo), lr, beta, "
                         "clip_eps_low/high, loss_variation, filter_range, dynamic_batching, "
                         "filter_truncated_response, soft_over_length_punishment, cache_length, max_new_tokens, "
@@ -65,16 +67,29 @@ LAUNCH_KEYWORDS: Dict[str, Tuple[str, str]] = {
                         "code_verifier_api_url; extension: a registered name), response_format_tags; extensions: "
                         "reward_fn (a registered name or a callable), policy_loss, value_loss, kl_estimator "
                         "(registered names) and the other keys of coati_relay.config.algorithm"),
-    "plugin_config": (CC, "the ColossalAI Booster plugin: {'plugin': 'ddp', 'zero2', 'gemini' or 'hybrid', its "
-                          "options (tp_size, pp_size, zero_stage, precision, ...), 'max_norm': gradient clipping}"),
-    "tokenizer_config": (CC, "{'path': a directory or Hub ID} when the tokenizer is not the inference model's"),
+    "plugin_config": (CC, "HybridParallelPlugin's options over ColossalChat's defaults tp_size=1, pp_size=1, "
+                          "precision='bf16', zero_stage=2 ('max_norm': gradient clipping); without CUDA "
+                          "TorchDDPPlugin in fp32 runs instead, and tp/pp > 1 run as as many data-parallel "
+                          "consumers as ColossalChat's data-parallel size, each after one warning. Extension: "
+                          "'plugin': 'ddp', 'zero2', 'gemini' or 'hybrid' picks a plugin with its own options"),
+    "tokenizer_config": (CC, "{'path': a directory or Hub ID (default: the inference model's), and keywords of "
+                             "AutoTokenizer.from_pretrained}"),
     "inference_backend": (CC, "'vllm' or 'transformers' (generate; the fallback, and the legacy sampling)"),
     "num_generations": (CC, "responses sampled per prompt (the group of GRPO's advantages)"),
     "core_algo": (CC, "the consumer: 'GRPO', 'DAPO', 'RLOO', 'REINFORCE_PPB' (one consumer; grpo_config['algo'] "
                       "picks the advantage, default core_algo) or 'PPO' (extension: with a critic)"),
-    "project_name": (CC, "the run's name: default run directory runs/NAME, trackers' project"),
-    "save_interval": (CC, "checkpoint every this many rounds (weight versions), and at the end"),
-    "save_dir": (CC, "where checkpoints go (save_dir/checkpoints/step-NNNNNN; default: run_dir)"),
+    "project_name": (CC, "the trackers' project (W&B's, as given) and the run's name: default run directory "
+                         "runs/NAME with spaces as '_' (extension: None is 'coati-relay')"),
+    "save_interval": (CC, "checkpoint after every save_interval-th round (weight version) of each episode and "
+                          "after each episode's last round"),
+    "save_dir": (CC, "where checkpoints go (save_dir/checkpoints/step-NNNNNN, NNNNNN the global round); default "
+                     "'./model', or run_dir where run_dir is given"),
+    "master_addr": (CC, "accepted as in ColossalChat, whose launcher passes consumer rank 0's node IP instead; so "
+                        "does this engine"),
+    "master_port": (CC, "the port on consumer rank 0's node where the consumers' process group meets (a free one, "
+                        "after a warning, when it is taken)"),
+    "enable_profiling": (CC, "record each role's phase timings per round (run_dir/profile/*.jsonl) and a torch "
+                             "profiler trace of consumer rank 0's first rounds (coati_relay.observe.profiling)"),
     "eval_dataset_config": (CC, "evaluation during training: {task name: a dataset config like "
                                 "train_dataset_config ('path' or 'prompts', 'max_length', 'system_prompt')}; each "
                                 "prompt needs a 'gt_answer' for the math rewards. Producers evaluate their share of "

@@ -47,15 +47,16 @@ def _local(errors: List[str], what: str, value: str, resolved: Dict[str, str]) -
     return resolved[value]
 
 
-def _check_tokenizer(errors: List[str], tokenizer_path: str) -> None:
+def _check_tokenizer(errors: List[str], tokenizer_path: str, kwargs: Dict[str, Any]) -> None:
     if not tokenizer_path or any("tokenizer" in e or "path" in e for e in errors):
         return
     try:
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(tokenizer_path)
+        tok = AutoTokenizer.from_pretrained(tokenizer_path, **kwargs)
     except Exception as exc:  # transformers raises many types here
-        errors.append(f"cannot load a tokenizer from {tokenizer_path!r}: {exc}")
+        shown = f" with tokenizer_config {kwargs}" if kwargs else ""
+        errors.append(f"cannot load a tokenizer from {tokenizer_path!r}{shown}: {exc}")
         return
     if tok.pad_token_id is None:
         errors.append(f"the tokenizer at {tokenizer_path!r} has no pad token; set one (e.g. "
@@ -66,8 +67,15 @@ def _check_tokenizer(errors: List[str], tokenizer_path: str) -> None:
 
 def build_models(errors: List[str], roles: Roles, imc: Dict[str, Any], tmc: Dict[str, Any], tokc: Dict[str, Any],
                  critic_cfg: Dict[str, Any], rm_cfg: Dict[str, Any], core_algo: str,
-                 needs_critic: Optional[bool]) -> Models:
-    """needs_critic: whether the algorithm trains a critic (None: the algorithm is unknown)."""
+                 needs_critic: Optional[bool], differences: Optional[List[str]] = None,
+                 cuda: Optional[bool] = None) -> Models:
+    """needs_critic: whether the algorithm trains a critic (None: the algorithm is unknown). ``differences``
+    collects what this host runs differently from ColossalChat (flash attention, half precision without CUDA)."""
+    differences = [] if differences is None else differences
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
     resolved: Dict[str, str] = {}  # path or Hub ID as given -> local directory
     model_path = _model_path(errors, "inference_model_config", imc, resolved)
     train_path = _model_path(errors, "train_model_config", tmc, resolved) if tmc.get("path") else model_path
@@ -76,7 +84,8 @@ def build_models(errors: List[str], roles: Roles, imc: Dict[str, Any], tmc: Dict
     tokenizer_path = model_path
     if tokc.get("path"):
         tokenizer_path = _local(errors, "tokenizer_config['path']", str(tokc["path"]), resolved) or ""
-    _check_tokenizer(errors, tokenizer_path)
+    tokenizer_kwargs = {k: v for k, v in tokc.items() if k != "path"}
+    _check_tokenizer(errors, tokenizer_path, tokenizer_kwargs)
     rm_path = _model_path(errors, "reward_model_config", rm_cfg, resolved) if rm_cfg else None
     critic_path = _model_path(errors, "critic_model_config", critic_cfg, resolved) if critic_cfg else None
     if needs_critic and critic_path is None:
@@ -84,11 +93,70 @@ def build_models(errors: List[str], roles: Roles, imc: Dict[str, Any], tmc: Dict
     if critic_cfg and needs_critic is False:
         errors.append(f"critic_model_config is only used by algorithms with a critic (PPO), not {core_algo!r}; "
                       f"drop it")
-    engine_kwargs = check_inference_config(errors, roles.inference_backend, imc, roles.num_proc_per_producer)
+    engine_kwargs = check_inference_config(errors, roles.inference_backend, imc, roles.num_proc_per_producer,
+                                           differences, cuda)
     return Models(model_path=model_path, train_path=train_path, tokenizer_path=tokenizer_path,
                   inference_model_kwargs=engine_kwargs, lora=_lora(errors, tmc.get("lora")),
                   critic_model_path=critic_path, reward_model_path=rm_path,
-                  gradient_checkpointing=_flag_key(errors, "train_model_config", "gradient_checkpointing", tmc))
+                  gradient_checkpointing=_flag_key(errors, "train_model_config", "gradient_checkpointing", tmc),
+                  train_model_kwargs=from_pretrained_kwargs(errors, "train_model_config", tmc, differences, cuda),
+                  tokenizer_kwargs=tokenizer_kwargs)
+
+
+# train_model_config keys passed to from_pretrained (ColossalChat passes every key but path and checkpoint_path).
+FROM_PRETRAINED_KEYS = ("use_flash_attention_2", "use_cache", "torch_dtype", "attn_implementation",
+                        "trust_remote_code")
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def flash_attention_available(cuda: bool) -> bool:
+    """Whether ``attn_implementation="flash_attention_2"`` can run: CUDA and the flash-attn package."""
+    import importlib.util
+
+    return cuda and importlib.util.find_spec("flash_attn") is not None
+
+
+def from_pretrained_kwargs(errors: List[str], section: str, cfg: Dict[str, Any], differences: List[str],
+                           cuda: bool) -> Dict[str, Any]:
+    """The keywords of ``AutoModelForCausalLM.from_pretrained`` that ``cfg`` (ColossalChat's model config) gives,
+    in transformers 5 form: ``torch_dtype`` (a torch dtype or its name) as ``dtype``; ``use_flash_attention_2=True``
+    as ``attn_implementation="flash_attention_2"`` where CUDA and flash-attn are present, else the default attention
+    (a difference); without CUDA, half precision trains in float32 (a difference)."""
+    import torch
+
+    out: Dict[str, Any] = {}
+    for key in ("use_cache", "trust_remote_code", "use_flash_attention_2"):
+        if key in cfg and not isinstance(cfg[key], bool):
+            errors.append(f"{section}[{key!r}] must be True or False, got {cfg[key]!r}")
+    if "use_cache" in cfg:
+        out["use_cache"] = cfg["use_cache"]
+    if "trust_remote_code" in cfg:
+        out["trust_remote_code"] = cfg["trust_remote_code"]
+    if "attn_implementation" in cfg:
+        if not isinstance(cfg["attn_implementation"], str):
+            errors.append(f"{section}['attn_implementation'] must be a str such as 'sdpa' or 'eager', got "
+                          f"{cfg['attn_implementation']!r}")
+        out["attn_implementation"] = cfg["attn_implementation"]
+    if cfg.get("use_flash_attention_2") is True and "attn_implementation" not in out:
+        if flash_attention_available(cuda):
+            out["attn_implementation"] = "flash_attention_2"
+        else:
+            differences.append(f"{section}['use_flash_attention_2']=True: flash attention 2 needs CUDA and the "
+                               f"flash-attn package, which this host lacks; the model's default attention runs "
+                               f"instead")
+    if "torch_dtype" in cfg:
+        dtype = cfg["torch_dtype"]
+        if isinstance(dtype, str) and dtype in _DTYPES:
+            dtype = getattr(torch, dtype)
+        if dtype not in tuple(getattr(torch, n) for n in _DTYPES):
+            errors.append(f"{section}['torch_dtype'] must be a torch dtype or one of {list(_DTYPES)}, got "
+                          f"{cfg['torch_dtype']!r}")
+        elif dtype != torch.float32 and not cuda:
+            differences.append(f"{section}['torch_dtype']={dtype}: half precision trains only with CUDA here; the "
+                               f"model loads in torch.float32 instead")
+        else:
+            out["dtype"] = dtype
+    return out
 
 
 def _flag_key(errors: List[str], section: str, key: str, cfg: Dict[str, Any]) -> bool:

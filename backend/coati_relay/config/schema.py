@@ -65,6 +65,10 @@ class Models:
     critic_model_path: Optional[str]
     reward_model_path: Optional[str]
     gradient_checkpointing: bool = False
+    # train_model_config's other keys, for from_pretrained of the policy and the reference (ColossalChat's meaning)
+    train_model_kwargs: Dict[str, Any] = field(default_factory=dict)
+    # tokenizer_config's keys besides 'path', for AutoTokenizer.from_pretrained (ColossalChat's producer)
+    tokenizer_kwargs: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,8 @@ class Plugin:
 
 @dataclass(frozen=True)
 class Checkpointing:
-    """Checkpoint every ``save_interval`` rounds (and at the end) under ``save_dir``; metrics go to ``run_dir``."""
+    """Checkpoint under ``save_dir`` after every ``save_interval``-th round of an episode and after each episode's
+    last round (ColossalChat's cadence, `coati_relay.checkpoint.save_due`); metrics go to ``run_dir``."""
 
     save_interval: int
     run_dir: Path
@@ -122,6 +127,8 @@ class RunConfig:
     stop_gate: bool = False  # consumers wait for the driver's verdict after each round (a hook may stop the run)
     evaluation: Optional[EvalSettings] = None  # evaluation during training (`coati_relay.observe.evaluation`)
     rollout_log: Optional[RolloutLogSettings] = None  # producer 0's rollout log (`coati_relay.observe.rollout_log`)
+    master_port: int = 29500  # the consumers' group meets on this port of rank 0's node (ColossalChat's)
+    enable_profiling: bool = False  # phase timings per round and a torch profiler trace (`coati_relay.observe`)
 
     def for_actors(self) -> "RunConfig":
         """This config without the callbacks: what the actors get."""

@@ -49,11 +49,12 @@ class TransformersBackend:
     """
 
     def __init__(self, model_path: str, sampling: SamplingConfig, tokenizer=None, device: Optional[str] = None,
-                 dtype: torch.dtype = torch.float32, seed: int = 0):
+                 dtype: torch.dtype = torch.float32, seed: int = 0, attn_implementation: Optional[str] = None):
         from transformers import AutoModelForCausalLM
 
         device = resolve_device(device)
-        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(device).eval()
+        extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype, **extra).to(device).eval()
         self._attach(model, model_path, sampling, tokenizer, device, seed, shared=False)
 
     @classmethod

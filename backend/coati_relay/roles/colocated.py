@@ -171,6 +171,8 @@ def _run(cfg: RunConfig, start_round: int, hooks: Any) -> Any:
         bar.close()
         logger.close()
         producer.backend_close()
+        producer.profiler.close()
+        consumer.profiler.close()
     summary = run_summary(training_records(logger.history))
     summary["setup_s"] = setup_s
     summary["wall_s"] = time.perf_counter() - t_start - setup_s

@@ -29,16 +29,19 @@ import torch
 from torch import nn
 
 from coati_relay import algorithms as algos
+from coati_relay.checkpoint import save_due
 from coati_relay.cluster.devices import to_device
 from coati_relay.cluster.heap import trim_heap
 from coati_relay.cluster.placement import node_id
 from coati_relay.config.schema import RunConfig
+from coati_relay.observe.profiling import PhaseProfiler
 from coati_relay.roles.learner import StepRows, micro_batch_rows, optimizer_step
 from coati_relay.roles.logprobs import response_logprobs
 from coati_relay.roles.seeding import seed_everything
 from coati_relay.rollout import Rollout
 from coati_relay.training.distributed import all_reduce_sum
-from coati_relay.training.plugins import precision_dtype, with_accumulation
+from coati_relay.training.plugins import plugin_for_plain_module, precision_dtype, with_accumulation
+from coati_relay.training.schedule import COLOSSALCHAT_MIN_LR_RATIO, colossalchat_cosine_rounds
 
 log = logging.getLogger(__name__)
 
@@ -73,18 +76,26 @@ class ConsumerWorker:
         self.publisher = None  # rank 0's, made in setup
         self.round = 0
         self._hosted: Dict[str, Any] = {}  # rank 0: the rendezvous stores it hosts, from `rendezvous` to `setup`
+        self.profiler = PhaseProfiler(None, f"consumer-{rank}", False)
+
+    def _start_profiling(self) -> None:
+        """``enable_profiling``: phase timings per round; rank 0 also a torch profiler trace (`observe.profiling`)."""
+        if self.cfg.enable_profiling:
+            self.profiler = PhaseProfiler(self.cfg.checkpointing.run_dir, f"consumer-{self.rank}", True,
+                                          trace=self.rank == 0)
 
     # -- set-up ----------------------------------------------------------------------------------------------
     def rendezvous(self) -> tuple:
-        """Rank 0: hosts the stores of the data-parallel group and of the collective weight group (when the run
-        syncs weights that way) on ports that are bound from now on; returns (this node's address, the group's
-        port, the weight group's port or 0)."""
+        """Rank 0: hosts the stores of the data-parallel group (on ``master_port``, ColossalChat's, or a free port
+        after a warning when it is taken) and of the collective weight group (when the run syncs weights that way)
+        on ports that are bound from now on; returns (this node's address, the group's port, the weight group's
+        port or 0). The address is this node's IP, as ColossalChat's launcher gives its consumers."""
         import ray
 
-        from coati_relay.training.rendezvous import host_store
+        from coati_relay.training.rendezvous import host_store, host_store_on
 
         timeout_s = self.cfg.roles.timeout_s
-        self._hosted["group"] = host_store(self.world_size, timeout_s)
+        self._hosted["group"] = host_store_on(self.cfg.master_port, self.world_size, timeout_s)
         if self.cfg.roles.weight_sync == "collective":
             self._hosted["weights"] = host_store(self.cfg.roles.num_producers + 1, timeout_s)
         ports = [self._hosted[k].port if k in self._hosted else 0 for k in ("group", "weights")]
@@ -99,6 +110,7 @@ class ConsumerWorker:
         cfg = self.cfg
         t0 = time.perf_counter()
         seed_everything(cfg.seed)
+        self._start_profiling()
         if self.rank == 0 and "group" not in self._hosted:
             raise RuntimeError("ConsumerWorker.setup: rank 0 hosts the group's stores; call its rendezvous() first")
         store = self._hosted.pop("group", None)
@@ -125,6 +137,7 @@ class ConsumerWorker:
         """Set-up in a colocated run (one rank in the driver's process, no publisher): returns the policy module
         being trained, for the producer to generate with in place."""
         seed_everything(self.cfg.seed)
+        self._start_profiling()
         self._load()
         return self.policy.unwrapped()
 
@@ -137,17 +150,18 @@ class ConsumerWorker:
         from coati_relay.training.booster_backend import load_causal_lm
 
         cfg = self.cfg
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.models.tokenizer_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.models.tokenizer_path, **cfg.models.tokenizer_kwargs)
         spec = algos.spec(cfg.algo.algo)
         policy = load_causal_lm(cfg.models.train_path, lora=cfg.models.lora,
-                                gradient_checkpointing=cfg.models.gradient_checkpointing)
+                                gradient_checkpointing=cfg.models.gradient_checkpointing,
+                                **cfg.models.train_model_kwargs)
         critic = reference = None
         if spec.needs_critic:
             from coati_relay.training.critic import CriticModel
 
             critic = CriticModel.from_pretrained(cfg.models.critic_model_path)
         if getattr(cfg.algo, spec.kl_weight_key) > 0:
-            reference = load_causal_lm(cfg.models.train_path)
+            reference = load_causal_lm(cfg.models.train_path, **cfg.models.train_model_kwargs)
         self._build(policy, reference, critic)
         state = {"round": 0}
         if cfg.checkpointing.resume_from:
@@ -186,20 +200,27 @@ class ConsumerWorker:
                              f"{'a' if kl_weight > 0 else 'no'} reference model")
         if self.spec.needs_critic != (critic is not None):
             raise ValueError(f"{a.algo} trains {'a' if self.spec.needs_critic else 'no'} critic")
-        total_steps = cfg.total_rounds * cfg.optimizer_steps_per_round * a.ppo_epochs
+        steps_per_round = cfg.optimizer_steps_per_round * a.ppo_epochs
+        total_steps, min_lr_ratio = cfg.total_rounds * steps_per_round, 0.0
+        if a.lr_scheduler == "colossalchat":  # ColossalChat's cosine, in rounds (`training.schedule`)
+            total_steps = colossalchat_cosine_rounds(cfg.batches.num_episodes, cfg.rounds_per_episode)
+            min_lr_ratio = COLOSSALCHAT_MIN_LR_RATIO
         b = cfg.batches
         micro_batches = -(-b.train_batch_size * b.num_generations // micro_batch_rows(b))
         common = dict(plugin=cfg.plugin.name,
                       plugin_options=with_accumulation(cfg.plugin.name, cfg.plugin.options, micro_batches),
                       allow_cpu_fallback=cfg.plugin.allow_cpu_fallback,
                       max_grad_norm=a.max_grad_norm, scheduler=a.lr_scheduler, total_steps=total_steps,
-                      warmup_steps=a.warmup_steps, weight_decay=a.weight_decay)
+                      warmup_steps=a.warmup_steps, weight_decay=a.weight_decay, min_lr_ratio=min_lr_ratio,
+                      steps_per_round=steps_per_round, rounds=cfg.total_rounds)
         self.policy = TrainingBackend(policy, lr=a.lr, **common)
         self.device = self.policy.device
         self.backends = {"policy": self.policy}
         self.critic = None
         if critic is not None:
-            self.critic = TrainingBackend(critic, lr=a.critic_lr, **common)
+            name, options = plugin_for_plain_module(cfg.plugin.name, common["plugin_options"])
+            self.critic = TrainingBackend(critic, lr=a.critic_lr, **{**common, "plugin": name,
+                                                                      "plugin_options": options})
             self.backends["critic"] = self.critic
         self.reference = None
         if reference is not None:  # in the policy's compute dtype: both give the same log-probs at the first step
@@ -260,7 +281,8 @@ class ConsumerWorker:
         first = self.round
         while self.round < self.cfg.total_rounds:
             t0 = time.perf_counter()
-            entries, rollouts = self._take(self.cfg.entries_per_consumer, self.round)
+            with self.profiler.phase("receive", self.round):
+                entries, rollouts = self._take(self.cfg.entries_per_consumer, self.round)
             metrics = self.finish_round(rollouts, [e.meta for e in entries], [e.version for e in entries], t0,
                                         wait_s=time.perf_counter() - t0)
             if self.rank == 0:
@@ -272,6 +294,7 @@ class ConsumerWorker:
                             "checkpoint": metrics.get("checkpoint") or self.save(self.round)}
             if self.round % 20 == 0:  # what the rounds freed leaves the RSS (coati_relay.cluster.heap)
                 trim_heap()
+        self.profiler.close()
         return {"rounds": self.round - first, "last_round": self.round}
 
     def finish_round(self, rollouts: List[Rollout], metas: List[Dict[str, float]], versions: List[int], t0: float,
@@ -282,12 +305,16 @@ class ConsumerWorker:
         cfg = self.cfg
         batch = Rollout.concat(rollouts, self.tokenizer.pad_token_id)
         t1, started_at = time.perf_counter(), time.time()
-        metrics = self.train_round(batch)
+        with self.profiler.phase("step", self.round):
+            metrics = self.train_round(batch)
         train_s = time.perf_counter() - t1
         self.round += 1
-        metrics.update(self._publish(self.round))  # every rank gathers, rank 0 publishes
-        if self.round % cfg.checkpointing.save_interval == 0 or self.round == cfg.total_rounds:
-            metrics["checkpoint"] = self.save(self.round)
+        with self.profiler.phase("sync_model", self.round - 1):
+            metrics.update(self._publish(self.round))  # every rank gathers, rank 0 publishes
+        if save_due(self.round, cfg.rounds_per_episode, cfg.checkpointing.save_interval):
+            with self.profiler.phase("save", self.round - 1):
+                metrics["checkpoint"] = self.save(self.round)
+        self.profiler.round_finished()
         load_s = max((m.get("weight_load_last_s", 0.0) for m in metas), default=0.0)
         elapsed = max(time.perf_counter() - t0, 1e-9)
         metrics.update({

@@ -25,6 +25,7 @@ import torch
 from coati_relay.cluster.heap import trim_heap
 from coati_relay.cluster.placement import node_id
 from coati_relay.config.schema import RunConfig
+from coati_relay.observe.profiling import PhaseProfiler
 from coati_relay.rollout import Rollout
 
 log = logging.getLogger(__name__)
@@ -52,9 +53,12 @@ class ProducerWorker:
                                         "weight_load_s": 0.0, "weight_loads": 0, "wait_s": 0.0,
                                         "room_wait_s": 0.0, "claim_idle_s": 0.0}
         self.task_log: collections.deque = collections.deque(maxlen=10_000)
+        # enable_profiling: phase timings per round (`coati_relay.observe.profiling`); opened in the actor
+        self.profiler = PhaseProfiler(None, self.name, False)
 
     # -- set-up ----------------------------------------------------------------------------------------------
     def setup(self, weight_addr: str = "", weight_port: int = 0) -> Dict[str, Any]:
+        self.profiler = PhaseProfiler(self.cfg.checkpointing.run_dir, self.name, self.cfg.enable_profiling)
         from coati_relay.exchange.weight_sync import WeightSubscriber
 
         cfg = self.cfg
@@ -85,6 +89,7 @@ class ProducerWorker:
         consumer's unwrapped training model) in place, and the caller sets ``backend.weight_version`` as the policy
         trains; vLLM: an engine in this process with its own copy of the checkpoint, which the caller loads each
         trained version into (`coati_relay.roles.colocated.InProcessPublisher`)."""
+        self.profiler = PhaseProfiler(self.cfg.checkpointing.run_dir, self.name, self.cfg.enable_profiling)
         cfg = self.cfg
         self._load_prompts()
         if cfg.roles.inference_backend == "transformers":
@@ -117,7 +122,7 @@ class ProducerWorker:
         from coati_relay.prompts import PromptSampler, load_prompts
 
         cfg = self.cfg
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.models.tokenizer_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.models.tokenizer_path, **cfg.models.tokenizer_kwargs)
         self.tokenizer.padding_side = "left"
         self.dataset = load_prompts(cfg.data.dataset, self.tokenizer, max_prompt_tokens=cfg.data.max_prompt_tokens,
                                     system_prompt=cfg.data.system_prompt)
@@ -299,11 +304,14 @@ class ProducerWorker:
         idx = self._prompt_indices(task)
         info = {k: [v[i] for i in idx] for k, v in self.dataset.info.items()}
         t0 = time.perf_counter()
+        round_ = task // cfg.tasks_per_round
         prompt_ids = [self.dataset.prompt_ids[i] for i in idx]
-        rollout = self.backend.generate(prompt_ids, cfg.batches.num_generations, info)
+        with self.profiler.phase("rollout", round_):
+            rollout = self.backend.generate(prompt_ids, cfg.batches.num_generations, info)
         gen_s = time.perf_counter() - t0
-        rollout.rewards, rollout.format_acc, rollout.ans_acc = self._score_all(
-            rollout, info.get("prompt_text", [""] * len(idx)))
+        with self.profiler.phase("calculate_reward", round_):
+            rollout.rewards, rollout.format_acc, rollout.ans_acc = self._score_all(
+                rollout, info.get("prompt_text", [""] * len(idx)))
         self._log_rollout(rollout, prompt_ids)
         tokens = int(rollout.response_lengths.sum())
         self.stats["tasks"] += 1
@@ -321,8 +329,9 @@ class ProducerWorker:
         timeout_s = self.cfg.roles.timeout_s
         ref = ray.put(rollout)
         t0 = time.perf_counter()
-        _call(self.queue.put, [ref], rollout.weight_version, rollout.num_prompts, self.name, task,
-              timeout_s, meta, timeout_s=timeout_s + 30)
+        with self.profiler.phase("send", task // self.cfg.tasks_per_round):
+            _call(self.queue.put, [ref], rollout.weight_version, rollout.num_prompts, self.name, task,
+                  timeout_s, meta, timeout_s=timeout_s + 30)
         self.stats["room_wait_s"] += time.perf_counter() - t0
 
     def _wait_room(self) -> None:
@@ -353,11 +362,12 @@ class ProducerWorker:
                 time.sleep(0.05 if zero_bubble else 0.2)
                 self.stats["claim_idle_s"] += time.perf_counter() - t0
                 continue
-            needed = cfg.version_needed(task)
-            if not zero_bubble:
-                self._ensure_version(needed)
-            elif needed is not None and self.backend.weight_version < needed:
-                self._ensure_version(needed)
+            with self.profiler.phase("sync_model", task // cfg.tasks_per_round):
+                needed = cfg.version_needed(task)
+                if not zero_bubble:
+                    self._ensure_version(needed)
+                elif needed is not None and self.backend.weight_version < needed:
+                    self._ensure_version(needed)
             report = self.maybe_evaluate()
             if report is not None:
                 _call(self.queue.report, report, timeout_s=30)
@@ -367,6 +377,7 @@ class ProducerWorker:
             if self.stats["tasks"] % 40 == 0:
                 trim_heap()
         self.backend_close()
+        self.profiler.close()
         return {**self.stats, "task_log": list(self.task_log)}
 
     def backend_close(self) -> None:

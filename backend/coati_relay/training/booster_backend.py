@@ -42,7 +42,8 @@ BOOST_EXTRAS = ("criterion", "dataloader", "lr_scheduler")
 
 
 def load_causal_lm(path: Union[str, os.PathLike], dtype: torch.dtype = torch.float32,
-                   lora: Optional[Dict[str, Any]] = None, gradient_checkpointing: bool = False) -> nn.Module:
+                   lora: Optional[Dict[str, Any]] = None, gradient_checkpointing: bool = False,
+                   **from_pretrained: Any) -> nn.Module:
     """``AutoModelForCausalLM`` from a local directory, in ``dtype`` (float32 to train).
 
     lora: ``{"r": 8, "alpha": 16, "target_modules": [...], "dropout": 0.0}`` wraps the model with peft LoRA, so
@@ -50,13 +51,15 @@ def load_causal_lm(path: Union[str, os.PathLike], dtype: torch.dtype = torch.flo
     gradient_checkpointing: training forwards keep only each decoder layer's input and recompute the layer in the
     backward (transformers' non-reentrant checkpointing): activations of one layer instead of all, for about one more
     forward per step. Generation (eval mode) is unchanged.
+    from_pretrained: further keywords of ``from_pretrained`` (train_model_config's, `config_models`); a ``dtype``
+    there replaces ``dtype``.
     """
     from transformers import AutoModelForCausalLM
 
     if not (Path(path) / "config.json").is_file():
         raise ValueError(f"load_causal_lm: {path} holds no config.json; pass a local model directory "
                          "(nothing is downloaded)")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(path, **{"dtype": dtype, **from_pretrained})
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if lora is None:
@@ -115,6 +118,8 @@ class TrainingBackend:
     ``enable_gradient_accumulation``), ``stats = backend.step()``, ``backend.zero_grad()``. Gradients are averaged
     over the data-parallel group by the plugin.
 
+    scheduler: None, "constant", "cosine" or "colossalchat" (`training.schedule.WarmupSchedule`; the last counts
+    ``total_steps`` and ``rounds`` in rounds of ``steps_per_round`` optimizer steps).
     name: what errors call the model ("policy", "critic"). check_finite: stop at a non-finite loss or weight
     (`coati_relay.training.finite_checks`).
     """
@@ -124,10 +129,11 @@ class TrainingBackend:
                  betas: Tuple[float, float] = (0.9, 0.999), max_grad_norm: Optional[float] = None,
                  scheduler: Optional[str] = None, total_steps: Optional[int] = None, warmup_steps: int = 0,
                  allow_cpu_fallback: bool = False, min_lr_ratio: float = 0.0, name: str = "model",
-                 check_finite: bool = True) -> None:
+                 check_finite: bool = True, steps_per_round: int = 1, rounds: int = 0) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"TrainingBackend: model must be an nn.Module, got {type(model).__name__}")
-        check_args(lr, weight_decay, betas, max_grad_norm, scheduler, total_steps, warmup_steps, min_lr_ratio)
+        check_args(lr, weight_decay, betas, max_grad_norm, scheduler, total_steps, warmup_steps, min_lr_ratio,
+                   steps_per_round)
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("TrainingBackend: the model has no parameter with requires_grad=True")
@@ -144,7 +150,8 @@ class TrainingBackend:
         optimizer = self._make_optimizer(params, lr, betas, weight_decay, options)
         schedule = None
         if scheduler is not None:
-            schedule = LambdaLR(optimizer, WarmupSchedule(scheduler, warmup_steps, total_steps, min_lr_ratio))
+            schedule = LambdaLR(optimizer, WarmupSchedule(scheduler, warmup_steps, total_steps, min_lr_ratio,
+                                                          steps_per_round, rounds))
         self._wrap(model, optimizer, options, name, check_finite, schedule=schedule)
         logger.info("TrainingBackend: plugin %s %s, %d trainable tensors, optimizer %s", self.plugin_name, options,
                     len(params), type(optimizer).__name__)

@@ -182,6 +182,92 @@ def resolve_plugin(name: str, options: Optional[Dict[str, Any]] = None, allow_cp
     return name, merged
 
 
+# ColossalChat's consumer (coati/distributed/consumer.py, BaseConsumer.setup at 4f9953be3) builds
+# HybridParallelPlugin(**{**COLOSSALCHAT_PLUGIN_DEFAULTS, **plugin_config}).
+COLOSSALCHAT_PLUGIN_DEFAULTS: Dict[str, Any] = {"tp_size": 1, "pp_size": 1, "precision": "bf16", "zero_stage": 2}
+# Options that only shape model parallelism (pipeline schedule, sequence split); they go with tp/pp/sp.
+_MODEL_PARALLEL_ONLY = ("microbatch_size", "num_microbatches", "pp_style", "num_model_chunks", "scheduler_nodes",
+                        "num_layers_per_stage", "overlap_p2p", "enable_sequence_parallelism",
+                        "sequence_parallelism_mode", "inner_ring_size", "parallel_output", "dp_outside",
+                        "enable_metadata_cache")
+
+
+class ColossalChatPlugin(NamedTuple):
+    """What a ColossalChat ``plugin_config`` (no ``'plugin'`` key) trains with here: the plugin ``name`` and its
+    ``options``, the number of data-parallel consumer processes (``num_consumer_procs / (tp*pp*sp)``, as
+    ColossalChat's ``get_dp_size_fast``), and the differences from ColossalChat's run (empty: none)."""
+
+    name: str
+    options: Dict[str, Any]
+    data_parallel: int
+    differences: Tuple[str, ...]
+
+
+def resolve_colossalchat(plugin_config: Dict[str, Any], num_consumer_procs: int,
+                         cuda_available: Optional[bool] = None) -> ColossalChatPlugin:
+    """ColossalChat's meaning of ``plugin_config``: ``HybridParallelPlugin`` with `COLOSSALCHAT_PLUGIN_DEFAULTS`
+    updated by the given options. With CUDA that is the plugin used. Model parallelism (tp, pp, sp > 1) is not in
+    this engine on any host: the same data-parallel size trains instead, each consumer holding the whole model.
+    Without CUDA (no bf16/fp16 mixed precision, no ZeRO, no fp8): TorchDDPPlugin in fp32. Each difference is a
+    sentence in ``differences`` for the driver's one warning. Raises ValueError on an option HybridParallelPlugin
+    does not take or a value it rejects (as ColossalChat's consumer would fail)."""
+    if not isinstance(plugin_config, dict):
+        raise TypeError(f"plugin_config must be a dict, got {type(plugin_config).__name__}")
+    unknown = sorted(set(plugin_config) - PLUGIN_OPTIONS["hybrid"])
+    if unknown:
+        raise ValueError(f"HybridParallelPlugin (ColossalChat's consumer plugin) has no options {unknown}; accepted: "
+                         f"{sorted(PLUGIN_OPTIONS['hybrid'])} (or name another plugin with plugin_config['plugin'])")
+    merged = {**COLOSSALCHAT_PLUGIN_DEFAULTS, **plugin_config}
+    sizes = {k: merged.get(k, 1) for k in ("tp_size", "pp_size", "sp_size")}
+    for key, value in sizes.items():
+        _check_positive_int("hybrid", key, value)
+    split = sizes["tp_size"] * sizes["pp_size"] * sizes["sp_size"]
+    if num_consumer_procs % split:
+        raise ValueError(f"num_consumer_procs={num_consumer_procs} must be a multiple of tp_size*pp_size*sp_size="
+                         f"{split} (HybridParallelPlugin's data-parallel size is their quotient)")
+    differences = []
+    data_parallel = num_consumer_procs // split
+    if split > 1:
+        shown = ", ".join(f"{k}={v}" for k, v in sizes.items() if v > 1)
+        differences.append(f"{shown}: this engine has no model parallelism, so {data_parallel} data-parallel "
+                           f"consumer(s) train the whole model each instead of {num_consumer_procs} processes "
+                           f"(the same data-parallel size, batches and optimizer steps as ColossalChat's)")
+        merged.update(tp_size=1, pp_size=1)
+        merged.pop("sp_size", None)
+        for key in _MODEL_PARALLEL_ONLY:
+            merged.pop(key, None)
+    else:  # microbatch sizes only shape a pipeline schedule (pp_size > 1)
+        merged.pop("microbatch_size", None)
+        merged.pop("num_microbatches", None)
+    cuda = _cuda_available() if cuda_available is None else bool(cuda_available)
+    if cuda:
+        _check_values("hybrid", merged, cuda=True)
+        return ColossalChatPlugin("hybrid", merged, data_parallel, tuple(differences))
+    _check_values("hybrid", merged, cuda=True)  # values HybridParallelPlugin would reject anywhere
+    needs_cuda = {k: merged[k] for k in ("precision", "zero_stage", "fp8_communication", "use_fp8", "cpu_offload")
+                  if k in merged and merged[k] not in (None, False, 0, "fp32")}
+    others = sorted(k for k in set(merged) - set(needs_cuda) - {"tp_size", "pp_size", "precision", "zero_stage"}
+                    if merged[k] not in (None, False))
+    if needs_cuda or others:
+        what = ", ".join(f"{k}={v!r}" for k, v in needs_cuda.items())
+        text = (f"HybridParallelPlugin({what}) needs CUDA, which this host lacks" if what else
+                "this host has no CUDA")
+        dropped = f"; its options {others} have no effect there" if others else ""
+        differences.append(f"{text}: training with TorchDDPPlugin in fp32 instead{dropped}")
+    return ColossalChatPlugin("ddp", {}, data_parallel, tuple(differences))
+
+
+def plugin_for_plain_module(name: str, options: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
+    """The plugin for a model that is not a transformers model (PPO's critic, an extension) beside a policy trained
+    with ``(name, options)``: HybridParallelPlugin shards transformers models only, so at tp = pp = 1 its ZeRO
+    stage and precision go to LowLevelZero ('zero2'), or to 'ddp' without ZeRO; other plugins as they are."""
+    if name != "hybrid":
+        return name, dict(options)
+    if options.get("zero_stage", 0) > 0:
+        return "zero2", {"stage": options["zero_stage"], "precision": options.get("precision", "bf16")}
+    return "ddp", {}
+
+
 PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 

@@ -44,6 +44,20 @@ def host_store(world_size: int, timeout_s: float, port: int = 0) -> dist.TCPStor
                          wait_for_workers=False)
 
 
+def host_store_on(port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
+    """`host_store` on ``port`` (a ``master_port`` given to the run); when another process holds it, on a port the
+    OS picks, with a warning that names both."""
+    try:
+        return host_store(world_size, timeout_s, port)
+    except (dist.DistNetworkError, OSError) as exc:
+        if not is_address_in_use(exc):
+            raise
+    store = host_store(world_size, timeout_s)
+    logger.warning("rendezvous: master_port %d is taken on this node; the consumers' group meets on port %d "
+                   "instead", port, store.port)
+    return store
+
+
 def join_store(host: str, port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
     """The store rank 0 hosts on ``host:port``, as another rank: retries the connection until ``timeout_s``."""
     if not 0 < port < 65536:
