@@ -7,7 +7,7 @@ extension may (`coati_relay.algorithms.AlgorithmSpec.defaults`: PPO's). A defaul
 keys (``critic_lr`` follows ``lr``). ``grpo_config['algo']`` picks the advantage estimator, as ColossalChat's consumer
 reads it (``core_algo`` picks the consumer: with a critic for PPO, without for the GRPO family); without it the
 estimator is ``core_algo``'s. ``grpo_config`` keys read by other sections (``OTHER_KEYS``) pass through; keys
-ColossalChat has that it never reads either (``IGNORED_KEYS``) are accepted with one warning each; any other key is
+ColossalChat has that it never reads either (``IGNORED_GRPO_KEYS``) are accepted with one warning each; any other key is
 an error that names the closest valid one.
 """
 from __future__ import annotations
@@ -119,7 +119,7 @@ OTHER_KEYS = {"algo": "the advantage estimator", "reward_fn_type": "the reward",
               "max_new_tokens": "L of the rule rewards' length rules"}
 
 # grpo_config keys of ColossalChat that it never reads either, and why they are passed.
-IGNORED_KEYS = {
+IGNORED_GRPO_KEYS = {
     "skip_threshold": "ColossalChat never reads it either (rl_example.py passes it for DAPO)",
     "max_length": "ColossalChat never reads it either (rl_example.py passes prompt + response tokens); prompt "
                   "length is train_dataset_config['max_length'], response length generate_config's",
@@ -173,7 +173,7 @@ def build_algorithm(errors: List[str], core_algo: Any, grpo: Mapping[str, Any],
         hint = closest(str(core_algo).upper(), core_algos())
         errors.append(f"core_algo must be one of {core_algos()}, got {core_algo!r}{hint}")
         return None
-    check_section_keys(errors, "grpo_config", grpo, [*ALGORITHM_KEYS, *OTHER_KEYS], IGNORED_KEYS)
+    check_section_keys(errors, "grpo_config", grpo, [*ALGORITHM_KEYS, *OTHER_KEYS], IGNORED_GRPO_KEYS)
     estimator = _estimator(errors, core_algo, grpo.get("algo", core_algo))
     spec = algorithms.spec(estimator)
     if num_generations < spec.min_group_size:

@@ -9,16 +9,15 @@ allow-list per backend, each with a check of its value:
   (``dtype`` for ``from_pretrained``, ``device``).
 
 Keys the engine sets itself, or cannot honour, are refused with what to do instead (`REFUSED_KEYS`,
-`BACKEND_REFUSED_KEYS`); ColossalChat
-keys without effect here warn once (`IGNORED_KEYS`); ``torch_dtype`` is read as ``dtype``. Any other key is an
-error naming the closest valid one.
+`BACKEND_REFUSED_KEYS`); ``torch_dtype`` is read as ``dtype``. Any other key is an error naming the closest valid
+one.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional
 
 from coati_relay.config.checks import is_flag, is_int, is_number, is_positive_int
-from coati_relay.config.keys import closest, warn_ignored
+from coati_relay.config.keys import closest
 
 _DTYPE_NAMES = ("float32", "float16", "bfloat16")
 
@@ -109,8 +108,6 @@ BACKEND_REFUSED_KEYS = {
     "transformers": {},
 }
 
-# ColossalChat keys that mean nothing here, per backend, and why.
-IGNORED_KEYS: Dict[str, Dict[str, str]] = {"transformers": {}, "vllm": {}}
 # Keys read elsewhere: 'path' (the checkpoint); 'checkpoint_path' (ColossalChat's producers resume their place in
 # the data from it: here the run resumes from it, `coati_relay.config._run_settings`; None: from the start).
 READ_ELSEWHERE = ("path", "checkpoint_path")
@@ -143,7 +140,6 @@ def check_inference_config(errors: List[str], backend: str, imc: Mapping[str, An
     if backend not in BACKEND_KEYS:
         return {}  # the backend itself is reported by the roles' check
     allowed = BACKEND_KEYS[backend]
-    ignored = IGNORED_KEYS[backend]
     refused = {**REFUSED_KEYS, **BACKEND_REFUSED_KEYS[backend]}
     out: Dict[str, Any] = {}
     for given, value in imc.items():
@@ -153,10 +149,8 @@ def check_inference_config(errors: List[str], backend: str, imc: Mapping[str, An
         if key in refused:
             errors.append(f"inference_model_config[{given!r}] is refused for inference_backend={backend!r}: "
                           f"{refused[key]}")
-        elif key in ignored:
-            warn_ignored("inference_model_config", given, ignored[key])
         elif key not in allowed:
-            valid = sorted([*allowed, "path", *ignored])
+            valid = sorted([*allowed, "path"])
             errors.append(f"inference_model_config has no key {given!r} for inference_backend={backend!r}"
                           f"{closest(given, valid)}; valid keys: {valid} (the allow-list in "
                           f"coati_relay/config/inference.py)")
