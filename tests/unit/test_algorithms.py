@@ -57,7 +57,8 @@ def test_registry_lists_and_finds_every_kind():
     assert out.advantages.shape == (2, 1) and out.returns is None
     assert alg.spec("PPO").needs_critic and alg.spec("PPO").kl_weight_key == "kl_coef"
     assert alg.spec("DAPO").defaults == {} and alg.spec("rloo").min_group_size == 2  # ColossalChat's: GRPO's
-    assert alg.spec("PPO").defaults == {"weight_decay": 0.0, "normalize_advantages": True}  # the extension's own
+    assert alg.spec("PPO").defaults == {"weight_decay": 0.0, "normalize_advantages": True,
+                                     "lr_scheduler": "constant"}  # the extension's own
 
 
 def test_registry_errors():
