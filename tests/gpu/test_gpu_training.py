@@ -175,7 +175,7 @@ _ROUND = textwrap.dedent("""
     stats = [worker.train_round(batch) for _ in range(2)]
     state = worker.policy.state_dict_for_inference()
     torch.save({"state": state, "stats": stats, "reference_dtype": None if reference is None else
-                str(next(worker.reference.parameters()).dtype)}, out.format(rank))
+                str(next(worker.learner.reference.parameters()).dtype)}, out.format(rank))
 """)
 
 
@@ -291,7 +291,7 @@ _SYNCS = textwrap.dedent("""
                 warnings.simplefilter("always")
                 torch.cuda.set_sync_debug_mode("warn")
                 try:
-                    worker._optimizer_step(rows, r)
+                    worker.learner.optimizer_step(rows, r)
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
             counts[(micro, checked)] = sum("synchroniz" in str(w.message).lower() for w in caught)

@@ -168,7 +168,7 @@ def _truncated_logprobs(model, rollout, temperature: float, top_k: int, top_p: f
 def test_truncated_sampling_reports_the_truncated_distribution(backend, model_b):
     """With top-k and top-p both backends report the renormalised truncated distribution's log-probs (measured
     within 1e-6 of this test's own computation), not the full one's, which the consumer's losses use: it
-    recomputes them (`ConsumerWorker.recompute_behaviour`)."""
+    recomputes them (`Learner.recompute_behaviour`)."""
     backend.load_weights(4, dict(model_b.state_dict()))
     backend.sampling = dataclasses.replace(BASE, top_k=5, top_p=0.9)
     r = backend.generate(PROMPTS, 3)

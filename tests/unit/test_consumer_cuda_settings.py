@@ -55,7 +55,7 @@ def test_the_reference_model_computes_in_the_training_precision(paths, monkeypat
     cfg = replace(cfg, plugin=Plugin(plugin, options, allow_cpu_fallback=False))
     monkeypatch.setattr(booster_backend, "TrainingBackend", RecordedBackend)
     worker = ConsumerWorker.for_models(cfg, BigramLM(), reference=BigramLM(seed=1))
-    assert worker.reference.table.dtype == dtype and not worker.reference.training
+    assert worker.learner.reference.table.dtype == dtype and not worker.learner.reference.training
 
 
 @pytest.mark.parametrize("backend, colocate, given, expected", [
@@ -132,7 +132,7 @@ def test_an_optimizer_step_syncs_with_the_host_as_often_whatever_its_micro_batch
                           microbatch=microbatch)
         worker = ConsumerWorker.for_models(cfg, BigramLM(), reference=BigramLM(seed=1), critic=TokenCritic())
         reads.clear()
-        worker._optimizer_step(worker_rows(worker, rollout), rollout.response_ids.size(1))
+        worker.learner.optimizer_step(worker_rows(worker, rollout), rollout.response_ids.size(1))
         counts[microbatch] = len(reads)
     assert counts[1] == counts[8], f"host reads per step by micro-batch size: {counts}"
 
@@ -140,7 +140,7 @@ def test_an_optimizer_step_syncs_with_the_host_as_often_whatever_its_micro_batch
 def worker_rows(worker, rollout):
     """The `StepRows` of a whole rollout as `train_round` makes them (advantages of zeros: the reads are counted,
     not the update)."""
-    from coati_relay.roles.consumer import StepRows
+    from coati_relay.roles.learner import StepRows
 
     n, r = rollout.num_sequences, rollout.response_ids.size(1)
     mask = rollout.response_mask.float()

@@ -26,7 +26,7 @@ def _rank_main(rank: int, port: int, model: str, data: str, out_dir: str) -> Non
     worker = ConsumerWorker.for_models(cfg, BigramLM(), rank=rank)
     grads = record_steps(worker)
     stats = worker.train_round(make_rollout(PROMPTS, RESPONSES, 2, REWARDS[rank], policy=BigramLM()))
-    carried = 0 if getattr(worker, "_carry", None) is None else worker._carry.num_prompts
+    carried = 0 if worker.learner._carry is None else worker.learner._carry.num_prompts
     torch.save({"steps": len(grads), "stats": stats, "carried": carried}, Path(out_dir) / f"rank{rank}.pt")
 
 

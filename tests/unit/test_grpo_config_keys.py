@@ -134,7 +134,7 @@ def test_filter_range_compares_the_groups_answer_accuracy_not_the_reward(paths):
     cfg = make_config(*paths, train_batch_size=2, filter_range=[0.01, 0.99], dynamic_batching=False, beta=0.0)
     worker = ConsumerWorker.for_models(cfg, BigramLM())
     accuracy = torch.tensor([1.0, 1.0, 1.0, 0.0])
-    assert worker._loss_mask(accuracy, torch.tensor([1, 1, 1, 1]), 2).tolist() == [0.0, 0.0, 1.0, 1.0]
+    assert worker.learner.loss_mask(accuracy, torch.tensor([1, 1, 1, 1]), 2).tolist() == [0.0, 0.0, 1.0, 1.0]
     rollout = make_rollout(PROMPTS[:2], RESPONSES[:4], 2, [10.0, 10.0, 10.0, 0.0], policy=BigramLM())
     rollout.ans_acc = accuracy
     assert worker.train_round(rollout)["kept_fraction"] == 0.5
@@ -145,7 +145,7 @@ def test_filter_truncated_response_masks_responses_that_reach_max_new_tokens(pat
     for flag, expected in ((True, [1.0, 0.0, 1.0, 0.0]), (False, [1.0] * 4)):
         cfg = make_config(*paths, beta=0.0, filter_truncated_response=flag)
         worker = ConsumerWorker.for_models(cfg, BigramLM())
-        assert worker._loss_mask(torch.zeros(4), torch.tensor([2, 4, 3, 4]), 2).tolist() == expected
+        assert worker.learner.loss_mask(torch.zeros(4), torch.tensor([2, 4, 3, 4]), 2).tolist() == expected
 
 
 def test_dynamic_batching_fills_steps_with_kept_groups_and_carries_the_rest(paths):
@@ -185,9 +185,9 @@ def test_algo_selects_the_advantage_under_one_core_algo(paths, algo, expected):
     r - mean = [2/3, -1/3, -1/3] whitened (mean 0, std sqrt(2/9))."""
     cfg = make_config(*paths, beta=0.0, algo=algo, group_size=3)
     worker = ConsumerWorker.for_models(cfg, BigramLM())
-    assert worker.estimator is algos.get("advantage", algo) and cfg.core_algo == "GRPO"
-    out = worker.estimator(algos.AdvantageInputs(torch.tensor([1.0, 0.0, 0.0]), 3, torch.ones(3, 2), torch.zeros(3, 2)),
-                           cfg.algo).advantages
+    assert worker.learner.estimator is algos.get("advantage", algo) and cfg.core_algo == "GRPO"
+    inputs = algos.AdvantageInputs(torch.tensor([1.0, 0.0, 0.0]), 3, torch.ones(3, 2), torch.zeros(3, 2))
+    out = worker.learner.estimator(inputs, cfg.algo).advantages
     torch.testing.assert_close(out[:, 0], torch.tensor(expected), rtol=1e-3, atol=1e-3)
 
 

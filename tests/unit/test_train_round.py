@@ -16,7 +16,7 @@ from train_round_helpers import (
     record_steps,
 )
 
-from coati_relay.roles import consumer as consumer_module
+from coati_relay.roles import learner as learner_module
 from coati_relay.roles.consumer import ConsumerWorker
 from coati_relay.roles.logprobs import response_logprobs
 
@@ -60,7 +60,7 @@ def test_a_batch_off_the_models_device_trains_only_through_the_device_helper(pat
     stats = worker.train_round(rollout)
     assert stats["loss"] != 0 and stats["kl"] > 0 and ("value_loss" in stats) == (algo == "PPO")
 
-    monkeypatch.setattr(consumer_module, "to_device", lambda device, *tensors: tensors)
+    monkeypatch.setattr(learner_module, "to_device", lambda device, *tensors: tensors)
     with pytest.raises(RuntimeError, match="same device"):
         worker.train_round(rollout)
 

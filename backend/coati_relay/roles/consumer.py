@@ -5,19 +5,8 @@ gradients are averaged by the Booster's plugin, every rank gathers the weights a
 ranks write checkpoints together (rank 0 writes the files). Models and batches live on the training device
 (`coati_relay.cluster.devices`): a batch is moved there once, on entering `train_round`.
 
-Per round (``P`` prompts on this rank, ``G`` responses each, ``N = P*G`` sequences, ``R`` response tokens): the
-advantages come from the estimator registered under ``grpo_config['algo']`` (else ``core_algo``;
-`coati_relay.algorithms.estimators`), fed the
-rewards [N], the reference model's log-probs [N, R] when its KL weight is > 0, and a critic's values [N, R] when
-the estimator's spec asks for one (PPO; the critic then learns with the clipped value loss). The policy loss carries
-``beta * KL`` unless the estimator put the KL into rewards or advantages itself.
-Behaviour log-probs: the producer's, which are those of the tempered distribution; with ``top_k``/``top_p`` they
-are of the truncated distribution instead, so the policy recomputes them over the full one before the round's
-first update (one forward without gradient), as the legacy experience maker did.
-Optimizer steps: ``train_batch_size`` prompts each; their gradients accumulate over forward chunks of
-``min(train_microbatch_size, train_minibatch_size * G)`` sequences (there is no separate mini-batch level). The loss
-of a step is normalised by the kept samples (sample_level) or kept tokens (token_level) of the whole step over all
-ranks, so N ranks compute the gradient that one rank holding the whole batch would.
+The algorithm (advantages, losses, optimizer steps) is the learner's (`coati_relay.roles.learner.Learner`); the
+consumer moves data and weights around it and keeps the checkpoint cadence.
 """
 from __future__ import annotations
 
@@ -25,23 +14,17 @@ import logging
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-import torch
 from torch import nn
 
 from coati_relay import algorithms as algos
 from coati_relay.checkpoint import save_due
-from coati_relay.cluster.devices import to_device
 from coati_relay.cluster.heap import trim_heap
 from coati_relay.cluster.placement import node_id
 from coati_relay.config.schema import RunConfig
 from coati_relay.observe.profiling import PhaseProfiler
-from coati_relay.roles.learner import StepRows, micro_batch_rows, optimizer_step
-from coati_relay.roles.logprobs import response_logprobs
+from coati_relay.roles.learner import Learner
 from coati_relay.roles.seeding import seed_everything
 from coati_relay.rollout import Rollout
-from coati_relay.training.distributed import all_reduce_sum
-from coati_relay.training.plugins import plugin_for_plain_module, precision_dtype, with_accumulation
-from coati_relay.training.schedule import COLOSSALCHAT_MIN_LR_RATIO, colossalchat_cosine_rounds
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +58,7 @@ class ConsumerWorker:
         self.store = weight_store
         self.publisher = None  # rank 0's, made in setup
         self.round = 0
+        self.tokenizer = None  # loaded in `_load` (none around given models: `for_models`)
         self._hosted: Dict[str, Any] = {}  # rank 0: the rendezvous stores it hosts, from `rendezvous` to `setup`
         self.profiler = PhaseProfiler(None, f"consumer-{rank}", False)
 
@@ -188,51 +172,16 @@ class ConsumerWorker:
         return worker
 
     def _build(self, policy: nn.Module, reference: Optional[nn.Module], critic: Optional[nn.Module]) -> None:
-        """The training backends and the reference model, all on the training device (`coati_relay.cluster.devices`)."""
-        from coati_relay.training.booster_backend import TrainingBackend
+        """The learner (`coati_relay.roles.learner.Learner`) on the models; the consumer keeps its backends, which
+        it publishes from and checkpoints."""
+        pad = self.tokenizer.pad_token_id if self.tokenizer is not None else 0
+        self.learner = Learner(self.cfg, self.rank, policy, reference, critic, pad_token_id=pad or 0)
+        self.policy, self.critic, self.backends = self.learner.policy, self.learner.critic, self.learner.backends
+        self.device = self.learner.device
 
-        cfg, a = self.cfg, self.cfg.algo
-        self.spec = algos.spec(a.algo)
-        self.estimator = algos.get("advantage", a.algo)
-        kl_weight = getattr(a, self.spec.kl_weight_key)
-        if (kl_weight > 0) != (reference is not None):
-            raise ValueError(f"{a.algo} with {self.spec.kl_weight_key}={kl_weight} needs "
-                             f"{'a' if kl_weight > 0 else 'no'} reference model")
-        if self.spec.needs_critic != (critic is not None):
-            raise ValueError(f"{a.algo} trains {'a' if self.spec.needs_critic else 'no'} critic")
-        steps_per_round = cfg.optimizer_steps_per_round * a.ppo_epochs
-        total_steps, min_lr_ratio = cfg.total_rounds * steps_per_round, 0.0
-        if a.lr_scheduler == "colossalchat":  # ColossalChat's cosine, in rounds (`training.schedule`)
-            total_steps = colossalchat_cosine_rounds(cfg.batches.num_episodes, cfg.rounds_per_episode)
-            min_lr_ratio = COLOSSALCHAT_MIN_LR_RATIO
-        b = cfg.batches
-        micro_batches = -(-b.train_batch_size * b.num_generations // micro_batch_rows(b))
-        common = dict(plugin=cfg.plugin.name,
-                      plugin_options=with_accumulation(cfg.plugin.name, cfg.plugin.options, micro_batches),
-                      allow_cpu_fallback=cfg.plugin.allow_cpu_fallback,
-                      max_grad_norm=a.max_grad_norm, scheduler=a.lr_scheduler, total_steps=total_steps,
-                      warmup_steps=a.warmup_steps, weight_decay=a.weight_decay, min_lr_ratio=min_lr_ratio,
-                      steps_per_round=steps_per_round, rounds=cfg.total_rounds)
-        self.policy = TrainingBackend(policy, lr=a.lr, **common)
-        self.device = self.policy.device
-        self.backends = {"policy": self.policy}
-        self.critic = None
-        if critic is not None:
-            name, options = plugin_for_plain_module(cfg.plugin.name, common["plugin_options"])
-            self.critic = TrainingBackend(critic, lr=a.critic_lr, **{**common, "plugin": name,
-                                                                      "plugin_options": options})
-            self.backends["critic"] = self.critic
-        self.reference = None
-        if reference is not None:  # in the policy's compute dtype: both give the same log-probs at the first step
-            dtype = getattr(torch, precision_dtype(self.policy.plugin_name, cfg.plugin.options))
-            self.reference = reference.to(self.device, dtype=dtype).eval().requires_grad_(False)
-        s = cfg.sampling
-        # A truncated sampler (top-k/top-p) reports the log-probs of the renormalised truncated distribution; the
-        # losses need the full one's, so train_round recomputes them.
-        self.recompute_behaviour = s.top_k > 0 or s.top_p < 1.0
-        if self.recompute_behaviour and self.rank == 0:
-            log.info("top_k=%d, top_p=%s: old log-probs are recomputed over the full distribution each round",
-                     s.top_k, s.top_p)
+    def train_round(self, batch: Rollout) -> Dict[str, float]:
+        """The learner's `Learner.train_round` on this rank's share of a round."""
+        return self.learner.train_round(batch)
 
     def _publish(self, version: int) -> Dict[str, float]:
         """Every rank takes part in gathering the weights (a collective under gemini); rank 0 publishes them."""
@@ -335,134 +284,3 @@ class ConsumerWorker:
         return str(save_checkpoint(self.cfg.checkpointing.save_dir, step, self.backends,
                                    {"round": step, "version": step}))
 
-    # -- training --------------------------------------------------------------------------------------------
-    def train_round(self, batch: Rollout) -> Dict[str, float]:
-        """Advantages, then ``ppo_epochs`` passes of optimizer steps over this rank's share of a round.
-
-        Every rank of the data-parallel group calls it on a batch of the same number of rows (collectives: the
-        counts of each step, the statistics at the end). With ``filter_range`` and ``dynamic_batching`` (ColossalChat's
-        default), the groups outside the range leave the round and the kept ones fill optimizer steps of
-        ``train_batch_size`` groups; the groups short of a whole step (on the rank with the fewest) wait for the next
-        round, where they train beside its groups (`_dynamic_batch`).
-        """
-        a = self.cfg.algo
-        stats: Dict[str, float] = {"reward": batch.rewards.float().mean().item(),
-                                   "response_length": batch.response_lengths.float().mean().item()}
-        if a.filter_range and a.dynamic_batching:
-            batch = self._dynamic_batch(batch, stats)
-            if not batch.num_sequences:  # the same on every rank: no step this round, the weights stay
-                return self._over_ranks({**stats, "skipped_steps": 1.0})
-        num_resp = batch.response_ids.size(1)
-        seq, attn, mask, behaviour, rewards, lengths = to_device(
-            self.device, batch.sequences, batch.attention_mask, batch.response_mask.float(), batch.logprobs,
-            batch.rewards.float(), batch.response_lengths)
-        g = batch.group_size
-        self._eval_mode()  # no dropout in the old log-probs and values; `_optimizer_step` restores train mode
-        with torch.no_grad():
-            old_logp = behaviour
-            if self.recompute_behaviour:
-                old_logp = self._logprobs_chunked(self.policy.model, seq, attn, num_resp)
-                stats["behaviour_logp_gap"] = algos.masked_mean(behaviour - old_logp, mask).item()
-            ref_logp = None
-            if self.reference is not None:
-                ref_logp = self._logprobs_chunked(self.reference, seq, attn, num_resp)
-            values = None
-            if self.critic is not None:
-                values = self._values(seq, attn, batch.prompt_ids.size(1), num_resp)
-            out = self.estimator(algos.AdvantageInputs(rewards, g, mask, old_logp, ref_logp, values), a)
-            loss_mask = self._loss_mask(_accuracy(batch).to(self.device), lengths, g,
-                                        by_range=not a.dynamic_batching)
-        stats["kept_fraction"] = loss_mask.mean().item()
-        rows = StepRows(seq, attn, mask, old_logp, out.advantages, loss_mask, ref_logp, values, out.returns)
-        per_step = self.cfg.batches.train_batch_size * g
-        step_stats = [self._optimizer_step(rows.take(slice(start, start + per_step)), num_resp)
-                      for _ in range(a.ppo_epochs) for start in range(0, batch.num_sequences, per_step)]
-        for key in sorted({k for st in step_stats for k in st}):
-            present = [st[key] for st in step_stats if key in st]
-            stats[key] = sum(present) / len(present)
-        return self._over_ranks(stats)
-
-    def _dynamic_batch(self, batch: Rollout, stats: Dict[str, float]) -> Rollout:
-        """ColossalChat's dynamic batching: drops the groups whose mean answer accuracy is not strictly inside
-        ``filter_range``, joins the kept ones to those left from earlier rounds and returns the first ``k *
-        train_batch_size`` of them, k the whole steps the rank with the fewest can fill (every rank steps together);
-        the rest wait in ``self._carry`` for the next round."""
-        lo, hi = self.cfg.algo.filter_range
-        g, tbs = batch.group_size, self.cfg.batches.train_batch_size
-        mean = _accuracy(batch).float().view(-1, g).mean(dim=1)
-        kept = ((mean > lo) & (mean < hi)).nonzero().flatten().tolist()
-        stats["kept_group_fraction"] = len(kept) / max(1, batch.num_prompts)
-        carry = getattr(self, "_carry", None)
-        parts = ([carry] if carry is not None else []) + [batch.take_groups(kept)]
-        pad = getattr(getattr(self, "tokenizer", None), "pad_token_id", None) or 0
-        pool = Rollout.concat(parts, pad)
-        from coati_relay.training.distributed import all_reduce_min
-
-        ready = all_reduce_min(pool.num_prompts // tbs) * tbs
-        self._carry = pool.take_groups(range(ready, pool.num_prompts)) if ready < pool.num_prompts else None
-        stats["carried_groups"] = float(pool.num_prompts - ready)
-        return pool.take_groups(range(ready))
-
-    def _eval_mode(self) -> None:
-        self.policy.model.eval()
-        if self.critic is not None:
-            self.critic.model.eval()
-
-    def _logprobs(self, model, seq, attn, num_resp) -> torch.Tensor:
-        """[N, R] log-probs of the policy (``self.policy.model``) or the reference model; the samples of a group
-        share one forward of their prompt where the model allows (`coati_relay.roles.prompt_sharing`)."""
-        if model is self.policy.model:
-            return response_logprobs(model, seq, attn, num_resp, temperature=self.cfg.sampling.temperature,
-                                     causal_lm=self.policy.causal_lm, share_prompts=self.policy.shares_prompts)
-        return response_logprobs(model, seq, attn, num_resp, temperature=self.cfg.sampling.temperature,
-                                 share_prompts=True)
-
-    def _logprobs_chunked(self, model, seq, attn, num_resp) -> torch.Tensor:
-        """`_logprobs` in forward chunks of the micro-batch size (no gradient): [N, R]."""
-        micro = self.cfg.batches.train_microbatch_size
-        return torch.cat([self._logprobs(model, seq[s:s + micro], attn[s:s + micro], num_resp)
-                          for s in range(0, seq.size(0), micro)])
-
-    def _values(self, seq, attn, prompt_len: int, num_resp: int) -> torch.Tensor:
-        """Critic value of the state before each response token: positions P-1 .. P+R-2 -> [N, R]."""
-        v = self.critic.model(seq, attention_mask=attn)
-        return v[:, prompt_len - 1: prompt_len - 1 + num_resp].float()
-
-    def _loss_mask(self, accuracy: torch.Tensor, lengths: torch.Tensor, group_size: int,
-                   by_range: bool = True) -> torch.Tensor:
-        """[N] 1.0 for sequences that train, 0.0 for those the filters drop: with ``by_range``, groups whose mean
-        answer accuracy (``accuracy`` [N]: ans_acc, or the reward where the reward gives no accuracy) is not
-        strictly inside ``filter_range``; with ``filter_truncated_response``, responses that reach
-        ``max_new_tokens``."""
-        a = self.cfg.algo
-        keep = torch.ones(lengths.shape, dtype=torch.float32, device=lengths.device)
-        if a.filter_range and by_range and accuracy.numel():
-            lo, hi = a.filter_range
-            mean = accuracy.float().view(-1, group_size).mean(dim=1, keepdim=True).expand(-1, group_size)
-            keep *= ((mean > lo) & (mean < hi)).reshape(-1).float()
-        if a.filter_truncated_response:
-            keep *= (lengths < self.cfg.sampling.max_new_tokens).float()
-        return keep
-
-    def _optimizer_step(self, rows: StepRows, num_resp: int) -> Dict[str, float]:
-        return optimizer_step(self, rows, num_resp)
-
-    def _over_ranks(self, stats: Dict[str, float]) -> Dict[str, float]:
-        """The statistics of the whole data-parallel group: losses summed (each rank holds its share of the
-        batch's loss), the others averaged (every rank trains on as many rows). The keys are the same on every
-        rank (they follow the configuration and the all-reduced counts)."""
-        if self.world_size == 1:
-            return stats
-        keys = sorted(stats)
-        total = all_reduce_sum(torch.tensor([float(stats[k]) for k in keys], dtype=torch.float64,
-                                            device=self.device)).tolist()
-        return {k: v if k in _SUMMED_STATS else v / self.world_size for k, v in zip(keys, total)}
-
-
-_SUMMED_STATS = {"loss", "value_loss"}
-
-
-def _accuracy(batch: Rollout) -> torch.Tensor:
-    """[N] what ``filter_range`` compares: the answer accuracy a rule reward gives (ColossalChat's ans_acc), else
-    the reward (registered or callable rewards, a reward model)."""
-    return (batch.ans_acc if batch.ans_acc is not None else batch.rewards).float()
