@@ -9,7 +9,7 @@ import multiprocessing
 import pytest
 import torch
 
-from coati_relay.config.evaluation import RolloutLogSettings
+from coati_relay.config.schema import RolloutLogSettings
 from coati_relay.observe.evaluation import (
     EvalAggregator,
     append_jsonl_locked,

@@ -10,48 +10,17 @@ from __future__ import annotations
 
 import os
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, List, Mapping, Optional
 
 from coati_relay.config.checks import is_int, is_number
+from coati_relay.config.schema import Data, EvalSettings, RolloutLogSettings
 from coati_relay.inference.base import SamplingConfig
 
 EVAL_DATASET_KEYS = ("path", "prompts", "max_length", "system_prompt")
 # rule rewards: every evaluation prompt needs a gt_answer (code: test_cases) to judge an answer by
 GT_REWARDS = ("boxed", "think_answer_tags", "code")
-
-
-@dataclass(frozen=True)
-class EvalTask:
-    """One evaluation task: its prompts (a file path or a list), how they are cut, and their count."""
-
-    dataset: Union[str, List[Any]]
-    max_prompt_tokens: int
-    system_prompt: Optional[str]
-    num_prompts: int
-
-
-@dataclass(frozen=True)
-class EvalSettings:
-    """Evaluation during training: ``tasks`` by name, every ``interval`` optimizer steps (first at the run's
-    first weights), generating ``num_generations`` responses per prompt with ``sampling``; per-sample results go to
-    ``save_dir/{task}_training_step_{step}.jsonl``."""
-
-    tasks: Dict[str, EvalTask]
-    interval: int
-    save_dir: Path
-    sampling: SamplingConfig
-    num_generations: int = 1
-
-
-@dataclass(frozen=True)
-class RolloutLogSettings:
-    """Producer 0 appends ``{"train_step", "rollout", "prompts", "responses", "rewards", "weight_version"}`` to
-    ``path`` every ``interval`` optimizer steps (<= 0: every rollout)."""
-
-    path: Path
-    interval: int
 
 
 def _directory_problem(value: Any, key: str) -> Optional[str]:
@@ -69,7 +38,7 @@ def _directory_problem(value: Any, key: str) -> Optional[str]:
     return None
 
 
-def _task(errors: List[str], name: Any, tdc: Any, tokenizer: Any, reward: Any) -> Optional[EvalTask]:
+def _task(errors: List[str], name: Any, tdc: Any, tokenizer: Any, reward: Any) -> Optional[Data]:
     from coati_relay.prompts import load_prompts
 
     where = f"eval_dataset_config[{name!r}]"
@@ -116,7 +85,7 @@ def _task(errors: List[str], name: Any, tdc: Any, tokenizer: Any, reward: Any) -
             errors.append(f"{where}: {missing} of {len(ds)} prompts have no {column!r}, which the reward "
                           f"{reward!r} needs to judge an evaluation answer; add it to every line")
             return None
-    return EvalTask(dataset=str(dataset) if "path" in tdc else list(dataset), max_prompt_tokens=max_len,
+    return Data(dataset=str(dataset) if "path" in tdc else list(dataset), max_prompt_tokens=max_len,
                     system_prompt=tdc.get("system_prompt"), num_prompts=len(ds))
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from coati_relay.config.algorithm import AlgorithmConfig
-from coati_relay.config.evaluation import EvalSettings, RolloutLogSettings
 from coati_relay.config.user_code import UserCode
 from coati_relay.inference.base import SamplingConfig
 
@@ -79,6 +78,28 @@ class Data:
     max_prompt_tokens: int
     system_prompt: Optional[str]
     num_prompts: int
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """Evaluation during training: ``tasks`` by name, every ``interval`` optimizer steps (first at the run's
+    first weights), generating ``num_generations`` responses per prompt with ``sampling``; per-sample results go to
+    ``save_dir/{task}_training_step_{step}.jsonl`` (built by `coati_relay.config.evaluation`)."""
+
+    tasks: Dict[str, Data]  # each task's prompts, like the training prompts
+    interval: int
+    save_dir: Path
+    sampling: SamplingConfig
+    num_generations: int = 1
+
+
+@dataclass(frozen=True)
+class RolloutLogSettings:
+    """Producer 0 appends ``{"train_step", "rollout", "prompts", "responses", "rewards", "weight_version"}`` to
+    ``path`` every ``interval`` optimizer steps (<= 0: every rollout)."""
+
+    path: Path
+    interval: int
 
 
 @dataclass(frozen=True)

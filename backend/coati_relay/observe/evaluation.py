@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from coati_relay.config.evaluation import EvalSettings
+from coati_relay.config.schema import EvalSettings
 
 log = logging.getLogger(__name__)
 

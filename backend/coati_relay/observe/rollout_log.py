@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List
 
-from coati_relay.config.evaluation import RolloutLogSettings
+from coati_relay.config.schema import RolloutLogSettings
 from coati_relay.observe.evaluation import is_due
 
 
