@@ -85,3 +85,10 @@ def _move(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
     """A result moved back to the CPU (the device of rollouts, rewards and everything sent between roles)."""
     return tensor.to("cpu")
+
+
+def flash_attention_available(cuda: bool) -> bool:
+    """Whether ``attn_implementation="flash_attention_2"`` can run: CUDA and the flash-attn package."""
+    import importlib.util
+
+    return cuda and importlib.util.find_spec("flash_attn") is not None

@@ -125,7 +125,7 @@ def check_inference_config(errors: List[str], backend: str, imc: Mapping[str, An
     """
     imc = dict(imc)
     if backend == "transformers" and "use_flash_attention_2" in imc:
-        from coati_relay.config.models import flash_attention_available
+        from coati_relay.cluster.devices import flash_attention_available
 
         flash = imc.pop("use_flash_attention_2")
         if not isinstance(flash, bool):

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from coati_relay.cluster.devices import flash_attention_available
 from coati_relay.config.checks import is_int, is_number
 from coati_relay.config.inference import check_inference_config
 from coati_relay.config.schema import Models, Roles
@@ -107,13 +108,6 @@ def build_models(errors: List[str], roles: Roles, imc: Dict[str, Any], tmc: Dict
 FROM_PRETRAINED_KEYS = ("use_flash_attention_2", "use_cache", "torch_dtype", "attn_implementation",
                         "trust_remote_code")
 _DTYPES = ("float32", "bfloat16", "float16")
-
-
-def flash_attention_available(cuda: bool) -> bool:
-    """Whether ``attn_implementation="flash_attention_2"`` can run: CUDA and the flash-attn package."""
-    import importlib.util
-
-    return cuda and importlib.util.find_spec("flash_attn") is not None
 
 
 def from_pretrained_kwargs(errors: List[str], section: str, cfg: Dict[str, Any], differences: List[str],
