@@ -15,7 +15,12 @@ from typing import Dict, List, Set, Tuple
 import pytest
 
 from tests.unit.compat.test_colossalchat_contract import (
-    DATASET_KEYS, GENERATE_READ, GRPO_READ, LAUNCH_PARAMETERS, MODEL_KEYS)
+    DATASET_KEYS,
+    GENERATE_READ,
+    GRPO_READ,
+    LAUNCH_PARAMETERS,
+    MODEL_KEYS,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "migration_guide" / "colossalchat_contract.md"
@@ -94,7 +99,7 @@ def test_a_planted_row_naming_a_missing_test_fails():
     planted = PAGE.read_text().replace(
         HEADER + "\n|---|---|---|---|\n",
         HEADER + "\n|---|---|---|---|\n| `planted_key` | x | y | tests/unit/test_nowhere.py::test_absent, "
-                 "test_grpo_config_keys.py::test_no_such_test, ::test_colossalchat_plugin_*, ::test_zz_prefix_*  |\n", 1)
+                 "test_grpo_config_keys.py::test_no_such_test, ::test_colossalchat_plugin_*, ::test_zz_prefix_* |\n", 1)
     rows = page_rows(planted)
     assert rows[0][0] == "`planted_key`"
     assert unresolved(rows[0][3]) == ["tests/unit/test_nowhere.py", "test_absent", "test_no_such_test",
