@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from coati_compat import cpu_mode
+from coati_compat.cpu_mode import patches as cpu_mode
 
 
 def run_python(code: str, **env_vars: str) -> subprocess.CompletedProcess:
@@ -95,7 +95,7 @@ def test_mode_on_patches_at_first_import_and_warns_once():
             "print(sum('COATI_RELAY_CPU_MODE=1' in str(w.message) for w in caught))\n")
     out = run_python(code, COATI_RELAY_CPU_MODE="1")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["gloo", "cpu", "Adam", "coati_compat.cpu_mode", "1"], out.stdout
+    assert out.stdout.split() == ["gloo", "cpu", "Adam", "coati_compat.cpu_mode.patches", "1"], out.stdout
     assert "CPU mode: an NCCL process group uses gloo" in out.stderr
     assert "CPU mode: HybridAdam is torch.optim.Adam" in out.stderr
 
