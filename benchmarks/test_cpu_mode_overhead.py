@@ -1,4 +1,4 @@
-"""Not a pair: what CPU mode's device-argument redirect (`coati_compat.device_arguments`) costs per torch call.
+"""Not a pair: what CPU mode's device-argument redirect (`coati_compat.cpu_mode.redirect`) costs per torch call.
 
 With the mode on, every torch call of the thread goes through the mode's ``__torch_function__`` in Python, whether
 it names a device or not. Each group times the same work with the function mode off and on:
@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from coati_compat.device_arguments import CudaToCpu
+from coati_compat.cpu_mode.redirect import CudaToCpu
 
 CALLS, ROUNDS, WARMUP = 1000, 20, 2
 STEP_ROUNDS, BATCH, SEQ = 20, 4, 64

@@ -41,6 +41,6 @@ echo "[setup] colossalai 0.5.0 with --no-deps: its pins (torch<=2.5.1, transform
 pip_install --no-deps "colossalai==0.5.0"
 echo "[setup] coati-relay (editable) and the legacy import paths (.pth)" >&2
 pip_install --no-deps --no-build-isolation -e .
-"$VENV/bin/python" -m coati_compat.install_pth >/dev/null
+"$VENV/bin/python" -m coati_compat.imports.install_pth >/dev/null
 echo "$want" > "$stamp"
 echo "[setup] done" >&2

@@ -39,7 +39,7 @@ pip_install -c "$cons" einops contexttimer sentencepiece "peft==0.13.2" galore-t
 pip_install --no-deps "colossalai==0.5.0"
 echo "[setup-gpu] coati-relay (editable) and the legacy import paths (.pth)" >&2
 pip_install --no-deps --no-build-isolation -e .
-"$VENV/bin/python" -m coati_compat.install_pth >/dev/null
+"$VENV/bin/python" -m coati_compat.imports.install_pth >/dev/null
 "$VENV/bin/python" -c "import torch, vllm; assert torch.cuda.is_available(), 'torch sees no CUDA device'; \
 print(f'[setup-gpu] torch {torch.__version__} (CUDA {torch.version.cuda}), {torch.cuda.device_count()} device(s), \
 vLLM {vllm.__version__}')" >&2

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
-from coati_compat.deprecations import DEPRECATIONS, Deprecation
+from coati_compat.imports.deprecations import DEPRECATIONS, Deprecation
 
 HEADER = """# API map: legacy names and what replaces them
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import List
 
-from coati_compat import cpu_mode
+from coati_compat.cpu_mode import patches as cpu_mode
 
 DESCRIPTION = ("run a GPU-era Ray script (num_gpus actors, GPU bundles, .cuda(), NCCL) unchanged on CPUs, for smoke "
                f"tests ({cpu_mode.ENV}=1 in this process and every Ray worker it starts)")

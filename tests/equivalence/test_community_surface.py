@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 
-from coati_compat import finder
+from coati_compat.imports import finder
 
 finder.install()
 warnings.simplefilter("ignore", FutureWarning)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from coati_compat import finder
+from coati_compat.imports import finder
 from coati_compat.legacy.generation import generate
 from coati_compat.legacy.losses import PolicyLoss, ValueLoss
 from coati_compat.legacy.model_base import get_base_model

@@ -1,6 +1,7 @@
 """DESIGN's one-way layering, checked on the source: the engine never imports the legacy layer, compat enters the
-engine only through `coati_relay` and `coati_relay.parts`, and the legacy runtime
-never imports the tools that sit on top of it (they observe through `coati_compat.observers` and entry points)."""
+engine only through `coati_relay` and `coati_relay.parts`, the legacy runtime never imports the tools that sit on
+top of it (they observe through `coati_compat.observers` and entry points), and the legacy layer
+(`coati_compat.legacy`) never imports the shims above it."""
 from __future__ import annotations
 
 import ast
@@ -39,6 +40,42 @@ def test_the_engine_never_imports_the_legacy_layer():
 def test_the_legacy_runtime_never_imports_the_tools():
     assert all(list(root.rglob("*.py")) for root in LEGACY_RUNTIME)
     assert offending(LEGACY_RUNTIME, TOOLS) == []
+
+
+LEGACY = ROOT / "compat" / "coati_compat" / "legacy"
+SHIMS = "coati_compat.shims"
+
+
+def shim_imports(root: Path) -> list:
+    """Imports under ``root`` of the shims (``import coati_compat.shims...``, ``from coati_compat.shims... import``
+    or ``from coati_compat import shims``): the legacy layer sits below the shims and never reaches up to them."""
+    found = offending_under(root, (SHIMS,))
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "coati_compat"
+                    and any(alias.name == "shims" for alias in node.names)):
+                found.append(f"{path.relative_to(root)}:{node.lineno} imports {SHIMS}")
+    return found
+
+
+def offending_under(root: Path, banned) -> list:
+    return [f"{path.relative_to(root)}:{line} imports {module}"
+            for path in sorted(root.rglob("*.py"))
+            for line, module in imported_modules(path)
+            if any(module == b or module.startswith(b + ".") for b in banned)]
+
+
+def test_the_legacy_layer_never_imports_the_shims():
+    assert list(LEGACY.rglob("*.py")), "the legacy layer's sources were not found"
+    assert shim_imports(LEGACY) == []
+
+
+def test_a_planted_shim_import_is_refused(tmp_path):
+    (tmp_path / "ok.py").write_text("from coati_relay.parts import accelerator_device\nimport coati_compat.shimsX\n")
+    (tmp_path / "up.py").write_text("def f():\n    from coati_compat.shims.device import compute_device\n")
+    (tmp_path / "pkg.py").write_text("from coati_compat import observers, shims\n")
+    assert shim_imports(tmp_path) == ["up.py:2 imports coati_compat.shims.device",
+                                      "pkg.py:1 imports coati_compat.shims"]
 
 
 COMPAT = ROOT / "compat" / "coati_compat"

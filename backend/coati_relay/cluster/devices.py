@@ -46,15 +46,6 @@ def resolve_device(requested: Optional[DeviceLike] = None) -> torch.device:
     return device
 
 
-def model_device(model: torch.nn.Module) -> torch.device:
-    """The device of a model's weights: its first parameter's (or buffer's); the CPU for a model holding none."""
-    for tensor in model.parameters():
-        return tensor.device
-    for tensor in model.buffers():
-        return tensor.device
-    return torch.device("cpu")
-
-
 @overload
 def to_device(device: DeviceLike, tensor: torch.Tensor) -> torch.Tensor: ...
 

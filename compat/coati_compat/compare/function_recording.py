@@ -17,8 +17,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from coati_compat.after_import import patch_after_import
 from coati_compat.compare.recording_switch import events_dir
+from coati_compat.imports.after_import import patch_after_import
 
 if TYPE_CHECKING:
     import torch

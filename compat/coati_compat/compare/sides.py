@@ -18,9 +18,10 @@ from typing import Callable, Dict, List, Optional
 
 import psutil
 
-from coati_compat import cpu_mode, observers
+from coati_compat import observers
 from coati_compat.compare import recording_switch
 from coati_compat.compare.process_memory import MemorySampler
+from coati_compat.cpu_mode import patches as cpu_mode
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from typing import Any, Dict, Optional
 import torch
 import torch.distributed as dist
 
-from coati_compat.deprecations import deprecated_api
+from coati_compat.imports.deprecations import deprecated_api
 from coati_compat.legacy.experience import Experience
 
 

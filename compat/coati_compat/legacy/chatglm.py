@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, NoReturn, Optional
 
-from coati_compat.deprecations import deprecated_api, warn_deprecated
+from coati_compat.imports.deprecations import deprecated_api, warn_deprecated
 from coati_compat.legacy.model_base import Actor
 
 GUIDE = "migration_guide/README.md#chatglm"

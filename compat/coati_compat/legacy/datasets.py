@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset
 
-from coati_compat.deprecations import deprecated_api
+from coati_compat.imports.deprecations import deprecated_api
 from coati_compat.legacy.sft_datasets import (
     IGNORE_INDEX,
     PROMPT_DICT,
@@ -30,7 +30,7 @@ from coati_compat.legacy.sft_datasets import (
     eos_text,
     jload,
 )
-from coati_compat.shims.device_redirect import compute_device
+from coati_relay.parts import accelerator_device
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class PromptDataset(Dataset):
         if missing:
             raise ValueError(f"PromptDataset({data_path!r}): records {missing[:5]} have no 'instruction'")
         tokens = _tokens(tokenizer, [r["instruction"] for r in records], check_max_length(max_length))
-        device = compute_device()
+        device = accelerator_device()
         self.keyed_prompt: Dict[str, Tuple[torch.Tensor, ...]] = {
             key: tensor.to(device).unbind() for key, tensor in tokens.items()}
 

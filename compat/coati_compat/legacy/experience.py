@@ -15,7 +15,7 @@ from typing import List, Optional
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from coati_compat.deprecations import deprecated_api
+from coati_compat.imports.deprecations import deprecated_api
 
 KEYS = ("sequences", "action_log_probs", "values", "reward", "advantages", "attention_mask", "action_mask")
 _LEFT_PADDED = ("action_log_probs", "action_mask")

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from coati_compat.deprecations import deprecated_api
+from coati_compat.imports.deprecations import deprecated_api
 from coati_compat.legacy.experience import Experience
 from coati_compat.legacy.ppo_shaping import legacy_advantage, legacy_kl_shaped_reward
 

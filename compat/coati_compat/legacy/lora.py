@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from coati_compat import legacy_switch
-from coati_compat.deprecations import deprecated_api
+from coati_compat.imports import legacy_switch
+from coati_compat.imports.deprecations import deprecated_api
 from coati_relay.parts import lora_delta, replace_delta
 
 _LORA_KEYS = ("lora_A", "lora_B")

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from coati_compat.deprecations import deprecated_api
+from coati_compat.imports.deprecations import deprecated_api
 from coati_relay.parts import policy_loss, value_loss
 
 

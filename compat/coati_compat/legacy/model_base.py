@@ -1,7 +1,7 @@
 """Legacy ``coati.models.base``: the ``Actor``, ``Critic`` and ``RewardModel`` wrappers and ``get_base_model``, in
 the call forms of both legacy releases, with the semantics of the reference version (ColossalAI ``b5f056636``)
 wherever the forms cannot be told apart (``COATI_RELAY_LEGACY_NAMES=final`` picks the final release's, see
-``coati_compat.legacy_switch``):
+``coati_compat.imports.legacy_switch``):
 
 - ``Actor.forward(sequences, num_actions, attention_mask)`` returns the log-probs of the last ``num_actions``
   tokens (reference); ``Actor.forward(input_ids, attention_mask)`` (final: a tensor where ``num_actions`` was is
@@ -24,8 +24,8 @@ from typing import Any, Optional, Tuple
 import torch
 from torch import nn
 
-from coati_compat import legacy_switch
-from coati_compat.deprecations import deprecated_api
+from coati_compat.imports import legacy_switch
+from coati_compat.imports.deprecations import deprecated_api
 from coati_compat.legacy.lora import LoRAModule
 from coati_compat.legacy.rl_functions import action_log_probs
 

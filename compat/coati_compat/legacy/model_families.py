@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 from torch import nn
 
-from coati_compat.deprecations import deprecated_api
+from coati_compat.imports.deprecations import deprecated_api
 from coati_compat.legacy.model_base import Actor, Critic, RewardModel, _value_head
 
 

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 import torch
 
-from coati_compat.deprecations import deprecated_api
+from coati_compat.imports.deprecations import deprecated_api
 
 _INIT_FUNCTIONS = ("kaiming_uniform_", "kaiming_normal_", "uniform_", "normal_", "xavier_uniform_",
                    "xavier_normal_", "trunc_normal_")

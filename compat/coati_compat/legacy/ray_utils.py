@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from coati_compat.deprecations import deprecated_api
+from coati_compat.imports.deprecations import deprecated_api
 from coati_compat.legacy.model_families import ACTORS, CRITICS, REWARD_MODELS
 from coati_compat.legacy.strategies import DDPStrategy, GeminiStrategy, LowLevelZeroStrategy, NaiveStrategy, Strategy
 from coati_compat.legacy.tables import LEGACY_STRATEGIES

@@ -16,9 +16,9 @@ from typing import Any, Iterator, List
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from coati_compat.deprecations import deprecated_api
+from coati_compat.imports.deprecations import deprecated_api
 from coati_compat.legacy.experience import BufferItem, Experience, make_experience_batch, split_experience_batch
-from coati_compat.shims.device_redirect import compute_device
+from coati_relay.parts import accelerator_device
 
 
 class _ReplayBufferBase(ABC):
@@ -61,7 +61,7 @@ class _NaiveReplayBufferBase(_ReplayBufferBase):
     def __init__(self, sample_batch_size: int, limit: int = 0, cpu_offload: bool = True) -> None:
         super().__init__(sample_batch_size, limit)
         self.cpu_offload = cpu_offload
-        self.target_device = compute_device()
+        self.target_device = accelerator_device()
         self.items: List[BufferItem] = []
 
     @torch.no_grad()

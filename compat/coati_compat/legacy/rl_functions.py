@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from coati_compat.deprecations import deprecated_api
+from coati_compat.imports.deprecations import deprecated_api
 from coati_compat.legacy.ppo_shaping import legacy_kl_shaped_reward, legacy_sequence_kl
 from coati_relay.parts import masked_mean as _masked_mean
 

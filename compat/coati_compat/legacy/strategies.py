@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from coati_compat.deprecations import deprecated_api
+from coati_compat.imports.deprecations import deprecated_api
 from coati_compat.legacy import strategy_checkpoint as checkpoint
 from coati_compat.legacy.model_base import Actor
 from coati_compat.legacy.replay_buffer import buffer_dataloader

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-from coati_compat import legacy_switch
+from coati_compat.imports import legacy_switch
 from coati_relay.parts import save_file
 
 __all__ = ["load_form", "model_save_form", "optimizer_save_form", "save_file"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from coati_compat.deprecations import deprecated_api
+from coati_compat.imports.deprecations import deprecated_api
 from coati_compat.legacy.generation import default_generate_kwargs
 
 

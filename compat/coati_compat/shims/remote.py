@@ -10,7 +10,7 @@ class as a subclass of the decorated class, and `LegacyActorBase.__init_subclass
   no CPU (``num_cpus=0``, unless the caller set ``num_cpus``), and a ``num_cpus`` above the cluster's total is
   lowered to it. Each translation warns once per process; nothing is dropped silently.
 - Inside the actor, on a host without CUDA, ``.cuda()`` and ``torch.cuda.current_device()`` of the user's model and
-  data functions go to the CPU (`device_redirect`), from before the actor's ``__init__`` runs.
+  data functions go to the CPU (`coati_compat.cpu_mode.redirect`), from before the actor's ``__init__`` runs.
 
 Named actors live in the Ray namespace named by ``RAY_NAMESPACE`` (`legacy_namespace`), as in the legacy code.
 """
@@ -23,7 +23,7 @@ import time
 import warnings
 from typing import Any, ClassVar, Dict, Tuple
 
-from coati_compat.deprecations import warn_deprecated
+from coati_compat.imports.deprecations import warn_deprecated
 
 logger = logging.getLogger(__name__)
 
@@ -193,9 +193,9 @@ class LegacyActorBase:
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # Runs before any user __init__ (a DetachedTrainer subclass may call .cuda() before super().__init__()).
         if not _is_ray_actor_class(cls) and in_ray_actor():
-            from coati_compat.shims import device_redirect
+            from coati_compat.cpu_mode import redirect
 
-            device_redirect.install()
+            redirect.install()
         return super().__new__(cls)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -212,7 +212,7 @@ def legacy_actor_class(impl: type, concurrency_groups: Dict[str, int]) -> Any:
     """
     import ray
 
-    from coati_compat.deprecations import message
+    from coati_compat.imports.deprecations import message
 
     if not (isinstance(impl, type) and issubclass(impl, LegacyActorBase) and impl._legacy_name):
         raise TypeError(f"legacy_actor_class needs a LegacyActorBase subclass with _legacy_name, got {impl!r}")

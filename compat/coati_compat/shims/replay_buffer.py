@@ -22,7 +22,7 @@ from typing import Any, Dict, List
 
 import torch
 
-from coati_compat.deprecations import deprecated_api
+from coati_compat.imports.deprecations import deprecated_api
 from coati_compat.legacy.experience import BufferItem, Experience, make_experience_batch, split_experience_batch
 from coati_relay.parts import LocalRolloutQueue, NoProducersError, ProducerRoster, QueueEntry  # noqa: F401 (sample() raises it)
 

@@ -18,13 +18,13 @@ import ray
 import torch
 from torch.utils.data import DataLoader
 
-from coati_compat.deprecations import deprecated_api
+from coati_compat.imports.deprecations import deprecated_api
 from coati_compat.legacy.callbacks import TrainerCallback
 from coati_compat.legacy.experience import BufferItem, Experience
 from coati_compat.observers import trainer_observers
-from coati_compat.shims.device_redirect import compute_device
 from coati_compat.shims.remote import LegacyActorBase, enable_debug_logging, get_named_actor
 from coati_compat.shims.replay_buffer import DetachedReplayBuffer
+from coati_relay.parts import accelerator_device
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class DetachedTrainer(LegacyActorBase, ABC):
 
     def _learn(self, update_steps: int, train_epochs: int) -> None:
         data: List[Experience] = []
-        device = compute_device()
+        device = accelerator_device()
         self._on_epoch_start(0)
         for _ in range(update_steps):
             experience = self._buffer_sample()

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from coati_compat import cpu_mode
+from coati_compat.cpu_mode import patches as cpu_mode
 
 
 def run_python(code: str, **env_vars: str) -> subprocess.CompletedProcess:
@@ -80,6 +81,22 @@ def test_mode_off_changes_nothing():
     assert out.stdout.split() == ["ray._private.worker", "torch.cuda", "torch.distributed.distributed_c10d"]
 
 
+def test_installing_the_finder_leaves_cpu_mode_to_the_start_up():
+    """``finder.install()`` serves the legacy paths only; the ``.pth`` start-up (`startup.run`) also turns CPU mode on
+    when ``$COATI_RELAY_CPU_MODE`` is set. ``-S``: no ``.pth`` of the environment runs before the code."""
+    code = ("import sys\n"
+            "from coati_compat.imports import finder, startup\n"
+            "def mode(): return ('coati_compat.cpu_mode.patches' in sys.modules,"
+            " any(type(f).__name__ == 'AfterImport' for f in sys.meta_path))\n"
+            "finder.install(); print(*mode())\n"
+            "startup.run(); print(*mode(), 'torch' in sys.modules)\n")
+    roots = [str(Path(__file__).resolve().parents[3] / d) for d in ("backend", "compat")]
+    env = {**os.environ, cpu_mode.ENV: "1", "PYTHONPATH": os.pathsep.join(roots)}
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False", "True", "True", "False"], out.stdout
+
+
 def test_mode_on_patches_at_first_import_and_warns_once():
     code = ("import warnings\n"
             "with warnings.catch_warnings(record=True) as caught:\n"
@@ -95,7 +112,7 @@ def test_mode_on_patches_at_first_import_and_warns_once():
             "print(sum('COATI_RELAY_CPU_MODE=1' in str(w.message) for w in caught))\n")
     out = run_python(code, COATI_RELAY_CPU_MODE="1")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["gloo", "cpu", "Adam", "coati_compat.cpu_mode", "1"], out.stdout
+    assert out.stdout.split() == ["gloo", "cpu", "Adam", "coati_compat.cpu_mode.patches", "1"], out.stdout
     assert "CPU mode: an NCCL process group uses gloo" in out.stderr
     assert "CPU mode: HybridAdam is torch.optim.Adam" in out.stderr
 

@@ -1,5 +1,6 @@
-"""CPU mode's CUDA device arguments (`coati_compat.device_arguments`, `coati_compat.thread_hooks`): each device form
-under the function mode, then the whole mode in fresh interpreters: every thread, Ray's actor threads, mode off."""
+"""CPU mode's CUDA device arguments (`coati_compat.cpu_mode.redirect`, `coati_compat.cpu_mode.thread_hooks`): each
+device form under the function mode, then the whole mode in fresh interpreters: every thread, Ray's actor threads,
+mode off."""
 from __future__ import annotations
 
 import os
@@ -10,7 +11,8 @@ import textwrap
 import pytest
 import torch
 
-from coati_compat import cpu_mode, device_arguments, thread_hooks
+from coati_compat.cpu_mode import patches as cpu_mode
+from coati_compat.cpu_mode import redirect, thread_hooks
 
 CUDA_FORMS = ["cuda", "cuda:1", torch.device("cuda"), torch.device("cuda", 1), 0, 1]
 FACTORIES = {
@@ -46,7 +48,7 @@ def run_python(code: str, **env_vars: str) -> subprocess.CompletedProcess:
 def mode():
     """The function mode pushed on this thread's stack; yields the names of the calls it reported first."""
     noted = []
-    with device_arguments.CudaToCpu(noted.append):
+    with redirect.CudaToCpu(noted.append):
         yield noted
 
 
@@ -92,9 +94,9 @@ def test_a_device_context_above_the_mode_hands_cuda_down_to_it(mode):
 
 
 def test_is_cuda_device():
-    assert all(device_arguments.is_cuda_device(d) for d in CUDA_FORMS)
+    assert all(redirect.is_cuda_device(d) for d in CUDA_FORMS)
     for other in ("cpu", "meta", "cudax", torch.device("cpu"), -1, True, None, torch.float32):
-        assert not device_arguments.is_cuda_device(other), other
+        assert not redirect.is_cuda_device(other), other
 
 
 def test_thread_scope_undoes_what_its_hooks_did(monkeypatch):

@@ -1,5 +1,5 @@
-"""Table-driven: every legacy name of coati_compat.deprecations.DEPRECATIONS resolves at its legacy path and warns
-FutureWarning with its replacement and guide anchor, at the caller's file and line, once per call site."""
+"""Table-driven: every legacy name of coati_compat.imports.deprecations.DEPRECATIONS resolves at its legacy path and
+warns FutureWarning with its replacement and guide anchor, at the caller's file and line, once per call site."""
 from __future__ import annotations
 
 import importlib
@@ -11,8 +11,8 @@ import warnings
 
 import pytest
 
-from coati_compat import finder
-from coati_compat.deprecations import DEPRECATIONS, deprecated_api, message, warn_deprecated
+from coati_compat.imports import finder
+from coati_compat.imports.deprecations import DEPRECATIONS, deprecated_api, message, warn_deprecated
 
 finder.install()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import colossalchat_head
 import pytest
 
-from coati_compat import finder, install_pth
+from coati_compat.imports import finder, install_pth
 
 REPO = Path(__file__).resolve().parents[3]
 SRC_ROOTS = [str(REPO / "backend"), str(REPO / "compat")]
@@ -66,14 +66,14 @@ def test_find_spec_ignores_other_names():
 def test_legacy_paths_through_pth_in_temp_site_dir(tmp_path):
     site_dir = tmp_path / "site"
     site_dir.mkdir()
-    subprocess.run([sys.executable, "-m", "coati_compat.install_pth", "--site-dir", str(site_dir)], check=True,
+    subprocess.run([sys.executable, "-m", "coati_compat.imports.install_pth", "--site-dir", str(site_dir)], check=True,
                    env={**os.environ, "PYTHONPATH": os.pathsep.join(SRC_ROOTS)}, timeout=60)
     assert (site_dir / install_pth.PTH_NAME).is_file()
     out = run_isolated(f"""
         import importlib, json, site, sys, warnings
-        before = "coati_compat.finder" in sys.modules
+        before = "coati_compat.imports.finder" in sys.modules
         site.addsitedir({str(site_dir)!r})
-        after_startup = {{"finder": "coati_compat.finder" in sys.modules, "torch": "torch" in sys.modules}}
+        after_startup = {{"finder": "coati_compat.imports.finder" in sys.modules, "torch": "torch" in sys.modules}}
         warnings.simplefilter("ignore", FutureWarning)
         same = {{}}
         for legacy, target in {LEGACY_MODULES!r}.items():
@@ -93,8 +93,8 @@ def test_legacy_paths_through_pth_in_temp_site_dir(tmp_path):
 IMPORT_ALL = """
     import importlib, json, sys, warnings
     if {with_relay}:
-        import coati_compat.finder
-        coati_compat.finder.install()
+        import coati_compat.imports.finder
+        coati_compat.imports.finder.install()
     seen, errors = {{}}, {{}}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -140,8 +140,8 @@ def test_colossalchat_modules_import_exactly_as_without_coati_relay(tmp_path, br
 
 LEGACY_BESIDE_V2 = """
     import json, os, sys, warnings
-    import coati_compat.finder
-    coati_compat.finder.install()
+    import coati_compat.imports.finder
+    coati_compat.imports.finder.install()
     out = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -195,8 +195,8 @@ def test_legacy_paths_under_a_colossalchat_package_that_fails_to_import(tmp_path
     root = colossalchat_head.write(tmp_path, broken=("coati.trainer",))
     out = run_isolated("""
         import json, warnings
-        import coati_compat.finder
-        coati_compat.finder.install()
+        import coati_compat.imports.finder
+        coati_compat.imports.finder.install()
         warnings.simplefilter("ignore", FutureWarning)
         from coati.trainer.strategies import DDPStrategy
         try:
@@ -224,9 +224,9 @@ def test_a_colossalchat_missing_its_own_dependency_is_named_with_the_fix(tmp_pat
         records = []
         handler = logging.Handler()
         handler.emit = lambda record: records.append(record.getMessage())
-        logging.getLogger("coati_compat.finder").addHandler(handler)
-        import coati_compat.finder
-        coati_compat.finder.install()
+        logging.getLogger("coati_compat.imports.finder").addHandler(handler)
+        import coati_compat.imports.finder
+        coati_compat.imports.finder.install()
         warnings.simplefilter("ignore", FutureWarning)
         try:
             from coati.models import disable_dropout

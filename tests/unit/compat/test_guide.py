@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from coati_compat.deprecations import DEPRECATIONS
+from coati_compat.imports.deprecations import DEPRECATIONS
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from coati_compat import finder
+from coati_compat.imports import finder
 from coati_compat.legacy.callbacks import ExperienceMakerPerformanceEvaluator, TrainerPerformanceEvaluator
 from coati_compat.legacy.experience_maker import NaiveExperienceMaker
 from coati_compat.legacy.generation import generate

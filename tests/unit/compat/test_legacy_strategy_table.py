@@ -82,7 +82,7 @@ def test_a_legacy_script_on_a_gpu_host_makes_the_engines_choices(gpu_host, name,
     device, precision and optimizer kind from the same GPU-host facts."""
     from coati.ray.utils import get_strategy_from_args
 
-    from coati_compat.shims.device_redirect import compute_device
+    from coati_compat.legacy import datasets, replay_buffer
     from coati_compat.shims.ppo_trainer import _legacy_adam
     from coati_relay.cluster.devices import accelerator_device
 
@@ -93,7 +93,8 @@ def test_a_legacy_script_on_a_gpu_host_makes_the_engines_choices(gpu_host, name,
     choices = [(p, plugins.precision_dtype(p, o), plugins.optimizer_kind(p, o, cuda=True))
                for p, o in (legacy_plugin, engine_plugin)]
     assert choices == [expected, expected]
-    assert compute_device() == accelerator_device() == torch.device("cuda", 0)
+    assert datasets.accelerator_device() == replay_buffer.accelerator_device() == accelerator_device() == torch.device(
+        "cuda", 0)
     if expected[2] == "fused_adamw":  # the legacy trainer's Adam: torch's fused kernel, as the engine's AdamW
         adam = _legacy_adam(strategy, torch.nn.Linear(2, 2), 1e-7)
         assert isinstance(adam, torch.optim.Adam) and adam.defaults["fused"] is True

@@ -472,7 +472,7 @@ def test_namespace_error_names_the_variable(monkeypatch):
 def test_device_redirect_keeps_cuda_calls_on_the_cpu(keep_half):
     dtype = "torch.float16" if keep_half else "torch.float32"
     code = ("import torch, warnings\n"
-            "from coati_compat.shims import device_redirect as d\n"
+            "from coati_compat.cpu_mode import redirect as d\n"
             "with warnings.catch_warnings(record=True) as w:\n"
             "    warnings.simplefilter('always')\n"
             "    assert d.install()\n"

@@ -1,5 +1,5 @@
 """Per-thread set-up run in every thread that runs user code, before it does, and undone when that code ends: for
-per-thread state such as torch's function-mode stack (`coati_compat.device_arguments`). Used by CPU mode.
+per-thread state such as torch's function-mode stack (`coati_compat.cpu_mode.redirect`). Used by CPU mode.
 
 A hook is a callable that sets the calling thread up and returns how to undo it (None when there was nothing to do,
 e.g. the thread is set up already). Where it runs:

@@ -1,7 +1,7 @@
 """Writes ``coati_relay_legacy.pth`` into a site-packages directory, so that every interpreter of that environment
-serves the legacy ``coati`` paths (``python -m coati_compat.install_pth [--site-dir DIR]``).
+serves the legacy ``coati`` paths (``python -m coati_compat.imports.install_pth [--site-dir DIR]``).
 
-The line imports ``coati_compat.finder`` only when ``coati_compat`` is importable, and never imports torch.
+The line runs `coati_compat.imports.startup` only when ``coati_compat`` is importable, and never imports torch.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import List, Optional
 
 PTH_NAME = "coati_relay_legacy.pth"
 PTH_LINE = ('import importlib.util; importlib.util.find_spec("coati_compat") is not None and '
-            '__import__("coati_compat.finder").finder.install()\n')
+            '__import__("coati_compat.imports.startup").imports.startup.run()\n')
 
 logger = logging.getLogger(__name__)
 

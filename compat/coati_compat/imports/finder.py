@@ -20,7 +20,8 @@ coati-relay:
   also through V2 modules that failed because another one did, the warning and every name the legacy module lacks
   name that package and the ``pip install`` that fixes it.
 
-Cheap on purpose, since ``install()`` runs at start-up of every interpreter (``coati_relay_legacy.pth``): it
+Cheap on purpose, since ``install()`` runs at start-up of every interpreter (``coati_relay_legacy.pth``,
+`coati_compat.imports.startup`): it
 imports only modules the interpreter has already loaded (the finder and loader follow the import protocols without
 ``importlib.abc``); the deprecation table is read at the first ``coati`` import, torch comes with the first legacy
 module.
@@ -43,7 +44,7 @@ class _LegacyPaths:
     """What is served: ``modules`` (legacy path -> target module) and ``packages`` (paths with submodules)."""
 
     def __init__(self) -> None:
-        from coati_compat.deprecations import DEPRECATIONS
+        from coati_compat.imports.deprecations import DEPRECATIONS
 
         self.modules: dict[str, str] = {k: e.target for k, e in DEPRECATIONS.items() if e.is_module}
         self.names: dict[str, dict[str, str]] = {}  # legacy module -> {name: "target.module:attr"}
@@ -114,7 +115,7 @@ class LegacyLoader:
             return
         # import machinery set __spec__ to the legacy spec on the shared object: give the target its own back.
         module.__spec__ = spec.loader_state["target_spec"]
-        from coati_compat.deprecations import warn_deprecated
+        from coati_compat.imports.deprecations import warn_deprecated
 
         warn_deprecated(spec.name)
 
@@ -143,7 +144,7 @@ def _legacy_attribute(fullname: str, name: str) -> Any:
     target = paths.names.get(fullname, {}).get(name)
     if target is not None:
         module, _, attr = target.partition(":")
-        from coati_compat.deprecations import warn_deprecated
+        from coati_compat.imports.deprecations import warn_deprecated
 
         warn_deprecated(f"{fullname}.{name}")
         return getattr(importlib.import_module(module), attr)
@@ -178,7 +179,7 @@ def _add_legacy_names(module: ModuleType, fullname: str) -> None:
         raise AttributeError(f"module {fullname!r} has no attribute {name!r}")
 
     module.__getattr__ = __getattr__  # type: ignore[attr-defined]
-    from coati_compat import legacy_switch
+    from coati_compat.imports import legacy_switch
 
     if legacy_switch.legacy_names():
         import warnings
@@ -188,7 +189,7 @@ def _add_legacy_names(module: ModuleType, fullname: str) -> None:
             for name in _legacy_names(fullname):
                 setattr(module, name, _legacy_attribute(fullname, name))
         if fullname in legacy_paths().modules:
-            from coati_compat.deprecations import warn_deprecated
+            from coati_compat.imports.deprecations import warn_deprecated
 
             warn_deprecated(fullname)
 
@@ -281,7 +282,7 @@ class ColossalChatLoader:
             if module.__spec__.submodule_search_locations is not None and not hasattr(legacy, "__path__"):
                 legacy.__path__ = list(module.__spec__.submodule_search_locations)  # type: ignore[attr-defined]
             sys.modules[fullname] = legacy  # the import system returns what sys.modules holds after exec
-            from coati_compat.deprecations import warn_deprecated
+            from coati_compat.imports.deprecations import warn_deprecated
 
             warn_deprecated(fullname)
             return
@@ -324,9 +325,5 @@ def install() -> LegacyFinder:
             return finder
     finder = LegacyFinder()
     sys.meta_path.insert(0, finder)
-    if os.environ.get("COATI_RELAY_CPU_MODE"):  # GPU-era scripts on CPU, in every process (coati_compat.cpu_mode)
-        from coati_compat import cpu_mode
-
-        cpu_mode.install()
     return finder
 

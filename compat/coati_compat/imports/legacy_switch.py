@@ -3,7 +3,7 @@
 - unset, empty or ``0``: the default. Beside ColossalChat's ``coati``, a name both define keeps ColossalChat's
   meaning; legacy calls follow the reference release (ColossalAI ``b5f056636``) wherever the two legacy releases'
   call forms cannot be told apart from the arguments.
-- ``1`` / ``true`` / ``yes``: the legacy names replace ColossalChat's (see ``coati_compat.finder``).
+- ``1`` / ``true`` / ``yes``: the legacy names replace ColossalChat's (see ``coati_compat.imports.finder``).
 - ``final`` / ``be400a093``: as ``1``, and the ambiguous call forms take the final release's (ColossalAI
   ``be400a093``) meaning instead, e.g. the critic's value at the last non-pad token. Each such case is a row of
   ``migration_guide/deviations.md``.

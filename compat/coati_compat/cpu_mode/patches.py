@@ -3,13 +3,14 @@ on a host or Ray cluster without GPUs, for smoke tests in CI or on a laptop. Opt
 the environment, or ``coati-relay legacy-run SCRIPT [ARGS...]``, which sets it and runs the script.
 
 With the mode on, in every Python process of the environment (the ``coati_relay_legacy.pth`` line calls `install`
-at start-up, so Ray's worker processes are covered, user-defined actors included):
+at start-up, through `coati_compat.imports.startup`, so Ray's worker processes are covered, user-defined actors
+included):
 
 - after ``import torch``, when CUDA is absent: ``.cuda()``, ``torch.cuda.current_device()``, ``set_device()`` stay
-  on the CPU (`coati_compat.shims.device_redirect`); so do CUDA device arguments, ``device="cuda"``/``"cuda:N"``/
+  on the CPU (`coati_compat.cpu_mode.redirect`); so do CUDA device arguments, ``device="cuda"``/``"cuda:N"``/
   ``torch.device("cuda", N)``/``N`` of the factories (``torch.zeros``, ``torch.randint``, ``torch.tensor``,
-  ``torch.empty_like``, ...) and of ``Tensor.to``/``Module.to`` (`coati_compat.device_arguments`, a torch function
-  mode active in every thread that runs user code, threaded Ray actors' included: `coati_compat.thread_hooks`;
+  ``torch.empty_like``, ...) and of ``Tensor.to``/``Module.to`` (`coati_compat.cpu_mode.redirect` too, a torch function
+  mode active in every thread that runs user code, threaded Ray actors' included: `coati_compat.cpu_mode.thread_hooks`;
   it adds about 1 us to every torch call of the process);
   ``torch.distributed`` process groups asked for with the ``"nccl"`` backend use ``"gloo"``;
 - after ``import ray``: ``ray.init()`` that starts a local cluster declares ``$COATI_RELAY_CPU_MODE_GPUS`` logical
@@ -33,7 +34,7 @@ import threading
 import warnings
 from typing import Any, Callable, Dict, Optional
 
-from coati_compat.after_import import patch_after_import
+from coati_compat.imports.after_import import patch_after_import
 
 logger = logging.getLogger(__name__)
 
@@ -102,12 +103,11 @@ def patch_torch() -> bool:
         return False
     import torch.distributed as dist
 
-    from coati_compat import device_arguments, thread_hooks
-    from coati_compat.shims import device_redirect
+    from coati_compat.cpu_mode import redirect, thread_hooks
 
-    device_redirect.install()
-    device_arguments.configure(_note_device_argument)
-    thread_hooks.register(device_arguments.activate)
+    redirect.install()
+    redirect.configure(_note_device_argument)
+    thread_hooks.register(redirect.activate)
     init_process_group, new_group = dist.init_process_group, dist.new_group
 
     def cpu_init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -225,7 +225,7 @@ def patch_ray() -> bool:
     import ray
     import ray.util
 
-    from coati_compat import thread_hooks
+    from coati_compat.cpu_mode import thread_hooks
 
     pg_module = importlib.import_module("ray.util.placement_group")  # ray.util.placement_group is also a function
     ray_init: Callable[..., Any] = ray.init

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, NamedTuple, Optional, Typ
 REMOVAL_VERSION = "0.3.0"
 GUIDE = "migration_guide/api_map.md"
 
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # coati_compat/
 _IMPORTLIB_DIR = os.path.dirname(os.path.abspath(__import__("importlib").__file__)) + os.sep
 
 
@@ -247,7 +247,7 @@ def message(name: str) -> str:
     """The warning text for legacy name ``name``: what replaces it, when it goes, and where the guide says more."""
     entry = DEPRECATIONS.get(name)
     if entry is None:
-        raise KeyError(f"{name!r} is not in the deprecation table (coati_compat.deprecations.DEPRECATIONS)")
+        raise KeyError(f"{name!r} is not in the deprecation table (coati_compat.imports.deprecations.DEPRECATIONS)")
     return (f"{name} is deprecated and will be removed in coati-relay {entry.removal}; "
             f"use {entry.replacement} instead. See {entry.anchor}")
 
