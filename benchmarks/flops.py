@@ -2,7 +2,7 @@
 
 Counts are multiply-adds x 2 of the matmuls (projections, MLP, LM head, attention scores and values); norms,
 activations and softmax are left out. Training a token costs three forwards (forward, and a backward of twice the
-forward). Where the samples of a prompt share its forward (`coati_relay.roles.prompt_sharing`, in the transformers
+forward). Where the samples of a prompt share its forward (`coati_relay.inference.prompt_sharing`, in the transformers
 backend's prefill and in the consumer's training forward), the prompt's tokens are counted once per prompt.
 """
 from __future__ import annotations

@@ -194,9 +194,9 @@ def test_step_phases(benchmark, figures, work_setting):
 
     from coati_relay.inference import TransformersBackend
     from coati_relay.inference.decode_loop import TokenSampler
+    from coati_relay.inference.prompt_sharing import prefill_shared
     from coati_relay.rewards.toy_rewards import letter_fraction
     from coati_relay.roles.logprobs import response_logprobs
-    from coati_relay.roles.prompt_sharing import prefill_shared
 
     benchmark.group = "step-phases"
     w = work_setting

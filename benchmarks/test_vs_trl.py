@@ -51,8 +51,8 @@ SIDES = {"trl": ["trl"], "engine-vllm": ["engine", "--backend", "vllm"],
          "engine-colocated-vllm": ["engine", "--backend", "vllm", "--colocate"],
          # the long setting only: 4 training micro-batches of 16 (one optimizer step), activations a quarter
          "engine-colocated-mb16": ["engine", "--backend", "transformers", "--colocate", "--train-microbatch", "16"]}
-# Where a side computes each prompt once for its samples (`coati_relay.roles.prompt_sharing`): the engine's consumer in
-# training, the transformers backend in its prefill.
+# Where a side computes each prompt once for its samples (`coati_relay.inference.prompt_sharing`): the engine's
+# consumer in training, the transformers backend in its prefill.
 TRAINING_SHARES = {"engine-vllm", "engine-transformers", "engine-colocated", "engine-colocated-vllm",
                    "engine-colocated-mb16"}
 PREFILL_SHARES = {"engine-transformers", "engine-colocated", "engine-colocated-mb16"}

@@ -12,7 +12,7 @@ import logging
 import os
 import time
 import uuid
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from coati_relay.cluster.environ import restore_environ
 from coati_relay.config.build import build_run_config
@@ -53,7 +53,6 @@ def _place(cfg: RunConfig) -> Tuple[Any, List[Dict[str, Any]]]:
     from coati_relay.cluster.placement import (
         actor_options,
         autoscaler_configured,
-        check_plugin_placement,
         check_satisfiable,
         reserve,
         role_requests,
@@ -68,6 +67,21 @@ def _place(cfg: RunConfig) -> Tuple[Any, List[Dict[str, Any]]]:
     threads = max(1, int(float(cluster.get("CPU", 1)) // len(requests)))
     env = {**ACTOR_ENV, "OMP_NUM_THREADS": str(threads)}
     return pg, [actor_options(pg, i, req, cpu_env=env) for i, req in enumerate(requests)]
+
+
+def check_plugin_placement(requests: Sequence[Any], plugin: str, allow_cpu_fallback: bool) -> None:
+    """Raises `PlacementError` when the consumers (``requests``: the roles' `RoleRequest`) are placed without a GPU
+    (fewer GPUs than roles) but ``plugin`` needs CUDA and may not fall back to ``ddp``: said here, before any actor
+    starts, not by each consumer."""
+    from coati_relay.cluster.placement import PlacementError
+    from coati_relay.training.plugins import PLUGINS
+
+    consumers = [r for r in requests if r.role.startswith("consumer")]
+    if allow_cpu_fallback or not PLUGINS[plugin].needs_cuda or all(r.resources.get("GPU") for r in consumers):
+        return
+    raise PlacementError(f"plugin {plugin!r} needs CUDA, but the cluster has too few GPUs for one per role, so "
+                         f"every role runs on CPU; add GPUs, run fewer roles (num_producers, num_consumer_procs), "
+                         f"or set plugin_config['allow_cpu_fallback']=True to train with 'ddp' on CPU")
 
 
 def queue_bounds(cfg: RunConfig) -> Dict[str, Any]:

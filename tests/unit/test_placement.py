@@ -159,7 +159,7 @@ def test_a_cpu_placed_actor_sees_no_cuda_device_in_its_process(ray_cluster):
 
 
 def test_a_cuda_plugin_with_roles_placed_on_cpu_is_refused_before_any_actor_starts():
-    from coati_relay.cluster.placement import check_plugin_placement
+    from coati_relay.launch import check_plugin_placement
 
     on_cpu = role_requests(2, 2, 1, {"CPU": 8.0, "GPU": 2.0}, {})  # 4 roles, 2 GPUs: every role on CPU
     with pytest.raises(PlacementError, match=r"'zero2' needs CUDA.*allow_cpu_fallback"):

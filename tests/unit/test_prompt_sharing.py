@@ -1,4 +1,4 @@
-"""`coati_relay.roles.prompt_sharing`: the samples of a group share one forward of their prompt, in training
+"""`coati_relay.inference.prompt_sharing`: the samples of a group share one forward of their prompt, in training
 (`response_logprobs(..., share_prompts=True)`, values and gradients) and in generation (`TransformersBackend`),
 with the numbers of the full forward; and the consumer takes that path for a transformers policy under DDP, where
 two gloo ranks step with the gradient of the full forward."""
@@ -11,8 +11,8 @@ import torch
 from gloo_ranks import run_ranks
 from train_round_helpers import make_config, make_rollout, record_steps
 
+from coati_relay.inference.prompt_sharing import prompt_runs, shared_prompt_logits
 from coati_relay.roles.logprobs import response_logprobs
-from coati_relay.roles.prompt_sharing import prompt_runs, shared_prompt_logits
 
 # Three groups of G=3 with left-padded prompts of 4, 2 and 1 real tokens; responses of 1..4 tokens.
 PROMPTS = [[5, 9, 12, 7], [30, 4], [17]]

@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
+from coati_relay.config.report_to import check_report_to
 from coati_relay.observe.metrics import MetricsLogger
-from coati_relay.observe.trackers import Trackers, check_report_to, open_trackers, plain
+from coati_relay.observe.trackers import Trackers, open_trackers, plain
 
 
 class Recorder:

@@ -55,19 +55,6 @@ def role_requests(num_producers: int, num_consumers: int, gpus_per_producer: int
     return out
 
 
-def check_plugin_placement(requests: Sequence[RoleRequest], plugin: str, allow_cpu_fallback: bool) -> None:
-    """Raises `PlacementError` when the consumers are placed without a GPU (fewer GPUs than roles) but ``plugin``
-    needs CUDA and may not fall back to ``ddp``: said here, before any actor starts, not by each consumer."""
-    from coati_relay.training.plugins import PLUGINS
-
-    consumers = [r for r in requests if r.role.startswith("consumer")]
-    if allow_cpu_fallback or not PLUGINS[plugin].needs_cuda or all(r.resources.get("GPU") for r in consumers):
-        return
-    raise PlacementError(f"plugin {plugin!r} needs CUDA, but the cluster has too few GPUs for one per role, so "
-                         f"every role runs on CPU; add GPUs, run fewer roles (num_producers, num_consumer_procs), "
-                         f"or set plugin_config['allow_cpu_fallback']=True to train with 'ddp' on CPU")
-
-
 def _fits(request: Mapping[str, float], capacity: Mapping[str, float]) -> bool:
     return all(capacity.get(k, 0.0) >= v for k, v in request.items() if v > 0)
 

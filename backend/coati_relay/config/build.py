@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from coati_relay import algorithms
-from coati_relay.callbacks import check_callbacks, may_stop
 from coati_relay.checkpoint import CHECKPOINTS_DIR
 from coati_relay.config.algorithm import AlgorithmConfig, build_algorithm
+from coati_relay.config.callbacks import check_callbacks, may_stop
 from coati_relay.config.checks import is_int, is_number, is_positive
 from coati_relay.config.colocate import check_colocate
 from coati_relay.config.evaluation import build_evaluation, build_rollout_log
@@ -30,6 +30,7 @@ from coati_relay.config.keys import (
     warn_ignored,
 )
 from coati_relay.config.models import build_models
+from coati_relay.config.report_to import check_report_to
 from coati_relay.config.sampling import build_sampling
 from coati_relay.config.schema import Batches, Checkpointing, Data, Plugin, Roles, RunConfig
 from coati_relay.config.user_code import ByValue, UserCode, UserCodeError, comes_with_engine, module_name, user_entries
@@ -410,8 +411,6 @@ def _rendezvous(errors: List[str], master_addr: Any, master_port: Any) -> None:
 
 
 def _report_to(errors: List[str], report_to: Any) -> Tuple[str, ...]:
-    from coati_relay.observe.trackers import check_report_to
-
     try:
         return check_report_to(report_to)
     except ValueError as exc:

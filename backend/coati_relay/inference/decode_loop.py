@@ -78,7 +78,7 @@ class PreallocatedLayer(DynamicLayer):
 
 def preallocated_cache(prefilled: Optional[Cache], num_layers: int, capacity: int) -> Cache:
     """A cache of `PreallocatedLayer`s of ``capacity`` positions: holding what ``prefilled`` (a cache of the model's
-    layers, e.g. `coati_relay.roles.prompt_sharing.prefill_shared`'s) holds, or empty (its buffers made by the first
+    layers, e.g. `coati_relay.inference.prompt_sharing.prefill_shared`'s) holds, or empty (its buffers made by the first
     forward) when None."""
     if prefilled is None:
         return Cache(layers=[PreallocatedLayer(capacity) for _ in range(num_layers)])

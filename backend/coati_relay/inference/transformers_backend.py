@@ -1,6 +1,6 @@
 """`InferenceBackend` on a transformers causal LM: the fallback where vLLM is missing or lacks the model.
 
-Generation is the prefill of each distinct prompt once (`coati_relay.roles.prompt_sharing`), then
+Generation is the prefill of each distinct prompt once (`coati_relay.inference.prompt_sharing`), then
 `coati_relay.inference.decode_loop`: one forward per token over a preallocated cache, finished rows leaving the batch.
 It samples as transformers' ``generate`` does (same processors, same draws while every row is in the batch).
 
@@ -20,6 +20,7 @@ import torch
 
 from coati_relay.cluster.devices import resolve_device, to_device, to_host
 from coati_relay.inference.base import SamplingConfig
+from coati_relay.inference.prompt_sharing import prefill_shared
 from coati_relay.inference.rollout_building import (
     SeedSequence,
     build_rollout,
@@ -31,7 +32,6 @@ from coati_relay.inference.rollout_building import (
     special_token_ids,
     stop_token_ids,
 )
-from coati_relay.roles.prompt_sharing import prefill_shared
 from coati_relay.rollout import Rollout
 
 logger = logging.getLogger(__name__)
@@ -130,10 +130,9 @@ class TransformersBackend:
 
     def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, capacity: int):
         """The preallocated cache (``capacity`` positions) of every prompt column but the last, each distinct prompt
-        computed once and repeated to its rows (`coati_relay.roles.prompt_sharing`): the prefill costs P instead of n *
-        P
-        token-forwards a prompt. ids, mask: [B, P] distinct prompts; rows: LongTensor [N], the prompt of each row.
-        Empty when P = 1."""
+        computed once and repeated to its rows (`coati_relay.inference.prompt_sharing`): the prefill costs P instead
+        of n * P token-forwards a prompt. ids, mask: [B, P] distinct prompts; rows: LongTensor [N], the prompt of each
+        row. Empty when P = 1."""
         from coati_relay.inference.decode_loop import preallocated_cache
 
         layers = self.model.config.get_text_config().num_hidden_layers

@@ -21,12 +21,10 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Union
 
 log = logging.getLogger(__name__)
 
-TRACKERS = ("tensorboard", "wandb")
-REPORT_TO_CHOICES = TRACKERS + ("none",)
 TENSORBOARD_DIR = "tensorboard"
 
 
@@ -45,24 +43,6 @@ class Tracker(Protocol):
 
     def close(self) -> None:
         """Writes what is buffered and releases the files."""
-
-
-def check_report_to(value: Any) -> Tuple[str, ...]:
-    """``report_to`` as a tuple of tracker names: None, ``"none"`` or ``[]`` give ``()`` (metrics.jsonl only); a
-    name or a list of names from `REPORT_TO_CHOICES`. Raises ValueError naming the allowed values."""
-    allowed = f"allowed: a list of {list(REPORT_TO_CHOICES)} (e.g. report_to=['tensorboard', 'wandb']), or None"
-    if value is None:
-        return ()
-    names = [value] if isinstance(value, str) else value
-    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
-        raise ValueError(f"report_to must be a tracker name or a list of them, got {value!r}; {allowed}")
-    unknown = [n for n in names if n not in REPORT_TO_CHOICES]
-    if unknown:
-        raise ValueError(f"report_to has unknown tracker(s) {unknown}; {allowed}")
-    if "none" in names and len(set(names)) > 1:
-        raise ValueError(f"report_to={list(names)} asks for 'none' and a tracker; give 'none' alone (metrics.jsonl "
-                         f"only) or the trackers alone")
-    return tuple(dict.fromkeys(n for n in names if n != "none"))
 
 
 class TensorBoardTracker:
@@ -177,8 +157,8 @@ def warn_failed(name: str, what: str, exc: BaseException, fix: str) -> None:
 
 def open_trackers(report_to: Sequence[str], run_dir: Union[str, os.PathLike], project: str,
                   config: Optional[Mapping[str, Any]] = None) -> Trackers:
-    """Starts the trackers ``report_to`` names (checked by `check_report_to`) for the run in ``run_dir`` and logs
-    ``config`` to them once. One that cannot start is warned about and left out."""
+    """Starts the trackers ``report_to`` names (checked by `coati_relay.config.report_to.check_report_to`) for the run
+    in ``run_dir`` and logs ``config`` to them once. One that cannot start is warned about and left out."""
     started: List[Tracker] = []
     for name in report_to:
         try:

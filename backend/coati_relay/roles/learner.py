@@ -196,7 +196,7 @@ class Learner:
 
     def logprobs(self, model, seq, attn, num_resp) -> torch.Tensor:
         """[N, R] log-probs of the policy (``self.policy.model``) or the reference model; the samples of a group
-        share one forward of their prompt where the model allows (`coati_relay.roles.prompt_sharing`)."""
+        share one forward of their prompt where the model allows (`coati_relay.inference.prompt_sharing`)."""
         if model is self.policy.model:
             return response_logprobs(model, seq, attn, num_resp, temperature=self.cfg.sampling.temperature,
                                      causal_lm=self.policy.causal_lm, share_prompts=self.policy.shares_prompts)

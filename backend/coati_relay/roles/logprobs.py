@@ -10,7 +10,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
-from coati_relay.roles.prompt_sharing import real_positions, shared_prompt_logits
+from coati_relay.inference.prompt_sharing import real_positions, shared_prompt_logits
 
 # Logits per block of the log-softmax (float32: 4 MiB); a block holds whole vocabulary rows. Measured with a
 # 152k vocabulary, blocks of 2**18 to 2**21 logits keep the peak at twice the logits; 2**23 and more add a fifth.
@@ -47,7 +47,7 @@ def response_logprobs(model: torch.nn.Module, sequences: torch.Tensor, attention
     causal_lm: whether ``model`` takes the keyword arguments of a transformers causal LM (``logits_to_keep``,
     ``past_key_values``); None reads it from ``model.forward``'s signature (say True for a transformers model behind
     a wrapper whose forward takes ``**kwargs``). share_prompts: with a causal LM, adjacent rows with equal prompts
-    (the samples of a group) share one forward of their prompt (`coati_relay.roles.prompt_sharing`); the values are
+    (the samples of a group) share one forward of their prompt (`coati_relay.inference.prompt_sharing`); the values are
     those
     of the full forward up to float rounding.
     """

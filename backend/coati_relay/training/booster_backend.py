@@ -223,8 +223,8 @@ class TrainingBackend:
             self.gemini_guard = GeminiStepGuard(self.model, options, name)
         # Keyword arguments of a transformers causal LM reach it through the wrappers (their forward takes
         # **kwargs), but for hybrid's, whose sharded forward is its own. A prompt cache shared over two forwards
-        # (`coati_relay.roles.prompt_sharing`) only under torch DDP, where the module's parameters stay in place between
-        # forwards, and without gradient checkpointing.
+        # (`coati_relay.inference.prompt_sharing`) only under torch DDP, where the module's parameters stay in place
+        # between forwards, and without gradient checkpointing.
         self.causal_lm = _is_transformers_model(model) and self.plugin_name != "hybrid"
         self.shares_prompts = self.causal_lm and (self.booster is None or self.plugin_name == "ddp") \
             and not getattr(model, "is_gradient_checkpointing", False)

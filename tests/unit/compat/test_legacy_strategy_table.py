@@ -31,8 +31,8 @@ def gpu_host(monkeypatch):
 def _engine_plugin(config):
     """(plugin, options) the engine's launch validation makes of a ``plugin_config``, gradient clipping included
     (`TrainingBackend` hands ``max_norm`` to the plugin)."""
-    errors = []
-    plugin, max_norm = _plugin(errors, config)
+    errors, differences = [], []
+    plugin, max_norm, _ = _plugin(errors, config, 1, differences)
     assert not errors, errors
     return plugin.name, {**plugin.options, **({"max_norm": max_norm} if max_norm else {})}
 
