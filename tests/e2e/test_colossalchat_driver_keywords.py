@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from think_answer_fixture import build_think_answer_model, write_datasets
 
 MAX_PROMPT, MAX_NEW = 96, 24
