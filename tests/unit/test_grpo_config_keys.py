@@ -177,6 +177,11 @@ def test_skip_threshold_is_accepted_and_changes_nothing(paths):
     assert make_config(*paths, skip_threshold=20.0).algo == make_config(*paths).algo
 
 
+def test_num_minibatch_during_rollout_is_accepted_and_changes_nothing(paths):
+    """ColossalChat's rl_example_zero_bubble.py passes it; no code of 4f9953be3 reads it."""
+    assert make_config(*paths, num_minibatch_during_rollout=1).algo == make_config(*paths).algo
+
+
 @pytest.mark.parametrize("algo,expected", [("GRPO", [1.1545, -0.5773, -0.5773]), ("RLOO", [1.0, -0.5, -0.5]),
                                            ("REINFORCE_PPB", [1.4142, -0.7071, -0.7071])])
 def test_algo_selects_the_advantage_under_one_core_algo(paths, algo, expected):

@@ -123,6 +123,8 @@ IGNORED_GRPO_KEYS = {
     "skip_threshold": "ColossalChat never reads it either (rl_example.py passes it for DAPO)",
     "max_length": "ColossalChat never reads it either (rl_example.py passes prompt + response tokens); prompt "
                   "length is train_dataset_config['max_length'], response length generate_config's",
+    "num_minibatch_during_rollout": "ColossalChat never reads it either (rl_example_zero_bubble.py passes it); "
+                                    "the zero-bubble entry's buffer is data_actor_buffer_size_limit",
 }
 
 
