@@ -100,13 +100,21 @@ def build_tiny_model(path: Optional[os.PathLike] = None, arch: str = "qwen2", se
                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    return save_model_dir(model, tokenizer, path)
+
+
+def save_model_dir(model, tokenizer, path: os.PathLike) -> Path:
+    """Writes ``model`` and ``tokenizer`` as a ``from_pretrained`` directory at ``path`` atomically (a temporary
+    sibling renamed into place; without a generation config, so sampling follows the run's settings). Where another
+    process wrote ``path`` first, its copy stands (it is the same)."""
+    path = Path(path)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / "generation_config.json").unlink(missing_ok=True)
     try:
         os.replace(tmp, path)
-    except OSError:  # another process won the race; its copy is identical
+    except OSError:
         import shutil
         shutil.rmtree(tmp, ignore_errors=True)
     return path

@@ -90,7 +90,7 @@ def build_think_answer_model(path: Optional[os.PathLike] = None, steps: int = 15
     import torch
     from transformers import AutoModelForCausalLM
 
-    from coati_relay.toy import tiny_config
+    from coati_relay.toy import save_model_dir, tiny_config
 
     path = Path(path) if path is not None else _cache_dir() / f"think-answer-v{FIXTURE_VERSION}-s{seed}"
     if (path / "config.json").exists() and (path / "tokenizer.json").exists():
@@ -116,16 +116,7 @@ def build_think_answer_model(path: Optional[os.PathLike] = None, steps: int = 15
         loss.backward()
         opt.step()
     model.eval()
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "generation_config.json").unlink(missing_ok=True)
-    try:
-        os.replace(tmp, path)
-    except OSError:  # another process wrote it first; its copy is the same
-        import shutil
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
+    return save_model_dir(model, tokenizer, path)
 
 
 def write_dataset(path: os.PathLike, num_prompts: int, seed: int = 0) -> Path:
