@@ -32,10 +32,6 @@ P_RIGHT = 0.5
 DIGITS = range(5)
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("COATI_RELAY_CACHE", Path.home() / ".cache" / "coati-relay"))
-
-
 def prompt_text(a: int, b: int) -> str:
     return f"{a}+{b}="
 
@@ -90,9 +86,9 @@ def build_think_answer_model(path: Optional[os.PathLike] = None, steps: int = 15
     import torch
     from transformers import AutoModelForCausalLM
 
-    from coati_relay.toy import save_model_dir, tiny_config
+    from coati_relay.toy import default_cache_dir, save_model_dir, tiny_config
 
-    path = Path(path) if path is not None else _cache_dir() / f"think-answer-v{FIXTURE_VERSION}-s{seed}"
+    path = Path(path) if path is not None else default_cache_dir() / f"think-answer-v{FIXTURE_VERSION}-s{seed}"
     if (path / "config.json").exists() and (path / "tokenizer.json").exists():
         return path
     tokenizer = build_tokenizer()

@@ -182,6 +182,20 @@ def test_save_dir_defaults_to_colossalchats_model_folder(tiny_model_path, tmp_pa
 
 
 # -- passthrough to from_pretrained and AutoTokenizer ----------------------------------------------------------------
+def keywords_of_from_pretrained(monkeypatch, auto_class) -> list:
+    """The keywords of every later ``auto_class.from_pretrained`` call, appended to the returned list as the real
+    method loads."""
+    seen = []
+    real = auto_class.from_pretrained.__func__
+
+    def spy(cls, path, *args, **kwargs):
+        seen.append(kwargs)
+        return real(cls, path, *args, **kwargs)
+
+    monkeypatch.setattr(auto_class, "from_pretrained", classmethod(spy))
+    return seen
+
+
 def test_train_model_keys_reach_from_pretrained(tiny_model_path, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
@@ -193,14 +207,7 @@ def test_train_model_keys_reach_from_pretrained(tiny_model_path, tmp_path, monke
     assert cfg.models.train_model_kwargs == {"use_cache": False}
     (warning,) = caught
     assert "use_flash_attention_2" in str(warning.message) and "torch_dtype" in str(warning.message)
-    seen = []
-    real = AutoModelForCausalLM.from_pretrained.__func__
-
-    def spy(cls, path, *args, **kwargs):
-        seen.append(kwargs)
-        return real(cls, path, *args, **kwargs)
-
-    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(spy))
+    seen = keywords_of_from_pretrained(monkeypatch, AutoModelForCausalLM)
     worker = ConsumerWorker(0, cfg, queue=None, weight_store=None)
     worker._load()
     assert [k.get("use_cache") for k in seen] == [False, False]  # the policy and the reference
@@ -242,14 +249,7 @@ def test_tokenizer_config_keys_reach_auto_tokenizer(tiny_model_path, tmp_path, m
     tokc = {"path": tiny_model_path, "model_max_length": 77, "truncation_side": "left"}
     cfg, _ = _build(**small_run_kwargs(tmp_path, tiny_model_path, tokenizer_config=tokc))
     assert cfg.models.tokenizer_kwargs == {"model_max_length": 77, "truncation_side": "left"}
-    seen = []
-    real = AutoTokenizer.from_pretrained.__func__
-
-    def spy(cls, path, *args, **kwargs):
-        seen.append(kwargs)
-        return real(cls, path, *args, **kwargs)
-
-    monkeypatch.setattr(AutoTokenizer, "from_pretrained", classmethod(spy))
+    seen = keywords_of_from_pretrained(monkeypatch, AutoTokenizer)
     producer = ProducerWorker(0, cfg, queue=None, weight_store=None)
     producer._load_prompts()
     assert seen == [{"model_max_length": 77, "truncation_side": "left"}]
