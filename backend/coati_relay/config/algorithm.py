@@ -13,10 +13,10 @@ an error that names the closest valid one.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from coati_relay import algorithms
-from coati_relay.config.checks import is_flag, is_non_negative, is_number, is_positive
+from coati_relay.config.checks import Check, is_flag, is_int, is_non_negative, is_number, is_positive, is_positive_int
 from coati_relay.config.keys import check_section_keys, closest
 
 
@@ -36,16 +36,6 @@ def _url(v: Any) -> bool:
     return v is None or (isinstance(v, str) and v.startswith(("http://", "https://")))
 
 
-class Key(NamedTuple):
-    """default: a value, or a function of the given keys; check: True for a valid value; expect: what is valid (or
-    a function of the value that says it); help: what the setting does, where its name does not say it."""
-
-    default: Any
-    check: Callable[[Any], bool]
-    expect: Any
-    help: str = ""
-
-
 def _registered(kind: str) -> Callable[[Any], bool]:
     return lambda v: isinstance(v, str) and v.lower() in algorithms.names(kind)
 
@@ -58,59 +48,63 @@ def _registered_names(kind: str) -> Callable[[Any], str]:
     return expect
 
 
-ALGORITHM_KEYS: Dict[str, Key] = {
-    "lr": Key(1e-6, is_positive, "a finite number > 0"),
-    "critic_lr": Key(lambda given: given.get("lr", 1e-6), is_positive, "a finite number > 0"),
-    "weight_decay": Key(0.01, is_non_negative, "a number >= 0"),
-    "beta": Key(0.01, is_non_negative, "a number >= 0 (the KL weight)"),
-    "kl_coef": Key(lambda given: given.get("beta", 0.01), is_non_negative, "a number >= 0 (PPO's KL reward weight)"),
-    "loss_variation": Key("sample_level", lambda v: v in ("sample_level", "token_level"),
-                          "'sample_level' or 'token_level'"),
-    "clip_eps_low": Key(0.2, is_positive, "a number > 0"),
-    "clip_eps_high": Key(0.2, is_positive, "a number > 0"),
-    "filter_range": Key(None, _pair, "None or [low, high] with low < high"),
-    "dynamic_batching": Key(True, is_flag, "a bool",
-                            "with filter_range: True drops the groups outside it and fills each optimizer step with "
-                            "train_batch_size kept groups, carrying the rest to the next round; False trains every "
-                            "group and masks the samples of groups outside it out of the loss"),
-    "soft_over_length_punishment": Key(False, is_flag, "a bool",
-                                       "the rule rewards add ((L - c) - len) / c * 10 for L - c < len < L "
-                                       "(L: max_new_tokens, c: cache_length)"),
-    "cache_length": Key(None, lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
-                        "None or an int > 0 (tokens)", "c of the soft over-length punishment (required with it)"),
-    "overlength_scale": Key(1.0, is_non_negative, "a number >= 0",
-                            "engine extension: the scale of the soft over-length penalty of a registered or "
-                            "callable reward (ColossalChat's rule rewards use their own 10)"),
-    "filter_truncated_response": Key(False, is_flag, "a bool",
-                                     "responses that reach generate_config's max_new_tokens leave the loss"),
-    "response_format_tags": Key(None, _tags, "None or {name: {'text': str, 'num_occur': int >= 0}}",
-                                "the tags a rule reward's format check counts (think_answer_tags: None is "
-                                "<think>, </think>, <answer>, </answer> once each)"),
-    "code_verifier_api_url": Key(None, _url, "None or an http(s) URL",
-                                 "the service reward_fn_type='code' posts programs and test cases to"),
-    "value_clip": Key(0.4, is_positive, "a number > 0"),
-    "gamma": Key(1.0, lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
-    "lam": Key(0.95, lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
-    "ppo_epochs": Key(1, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an int >= 1"),
-    "normalize_advantages": Key(False, is_flag, "a bool"),
-    "lr_scheduler": Key("colossalchat", lambda v: v in (None, "constant", "cosine", "colossalchat"),
-                        "None, 'constant', 'cosine' or 'colossalchat'",
-                        "'colossalchat' (the default): ColossalChat's cosine from lr down to 0.1 * lr over "
-                        "min(num_episodes, 4) episodes, one value per round (coati_relay.training.schedule); "
-                        "'constant' and 'cosine' (over all optimizer steps, with warmup_steps) are this engine's"),
-    "warmup_steps": Key(0, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an int >= 0"),
-    "max_grad_norm": Key(None, lambda v: v is None or is_positive(v), "None or a number > 0"),
-    "policy_loss": Key("ppo_clip", _registered("policy_loss"), _registered_names("policy_loss"),
-                       "the policy loss the learner calls, by its registered name: 'ppo_clip' is the clipped "
-                       "surrogate with an asymmetric clip and beta * KL (coati_relay.algorithms.losses)"),
-    "value_loss": Key("clipped", _registered("value_loss"), _registered_names("value_loss"),
-                      "the critic's loss (algorithms with a critic: PPO), by its registered name: 'clipped' is the "
-                      "clipped value loss with value_clip"),
-    "kl_estimator": Key("k3", _registered("kl"), _registered_names("kl"),
-                        "the per-token KL(policy || reference) estimator of the beta term, in the policy loss "
-                        "(GRPO, DAPO, RLOO) or folded into REINFORCE++'s advantages: 'k1' (logp - ref_logp), 'k2' "
-                        "((ref_logp - logp)^2 / 2) or 'k3' (exp(x) - 1 - x, x = ref_logp - logp); PPO's rewards "
-                        "carry k1 whatever this says"),
+ALGORITHM_KEYS: Dict[str, Check] = {
+    "lr": Check(is_positive, "a finite number > 0", default=1e-6),
+    "critic_lr": Check(is_positive, "a finite number > 0", default=lambda given: given.get("lr", 1e-6)),
+    "weight_decay": Check(is_non_negative, "a number >= 0", default=0.01),
+    "beta": Check(is_non_negative, "a number >= 0 (the KL weight)", default=0.01),
+    "kl_coef": Check(is_non_negative, "a number >= 0 (PPO's KL reward weight)",
+                     default=lambda given: given.get("beta", 0.01)),
+    "loss_variation": Check(lambda v: v in ("sample_level", "token_level"), "'sample_level' or 'token_level'",
+                            default="sample_level"),
+    "clip_eps_low": Check(is_positive, "a number > 0", default=0.2),
+    "clip_eps_high": Check(is_positive, "a number > 0", default=0.2),
+    "filter_range": Check(_pair, "None or [low, high] with low < high", default=None),
+    "dynamic_batching": Check(is_flag, "a bool",
+                              "with filter_range: True drops the groups outside it and fills each optimizer step with "
+                              "train_batch_size kept groups, carrying the rest to the next round; False trains every "
+                              "group and masks the samples of groups outside it out of the loss", default=True),
+    "soft_over_length_punishment": Check(is_flag, "a bool",
+                                         "the rule rewards add ((L - c) - len) / c * 10 for L - c < len < L "
+                                         "(L: max_new_tokens, c: cache_length)", default=False),
+    "cache_length": Check(lambda v: v is None or is_positive_int(v), "None or an int > 0 (tokens)",
+                          "c of the soft over-length punishment (required with it)", default=None),
+    "overlength_scale": Check(is_non_negative, "a number >= 0",
+                              "engine extension: the scale of the soft over-length penalty of a registered or "
+                              "callable reward (ColossalChat's rule rewards use their own 10)", default=1.0),
+    "filter_truncated_response": Check(is_flag, "a bool",
+                                       "responses that reach generate_config's max_new_tokens leave the loss",
+                                       default=False),
+    "response_format_tags": Check(_tags, "None or {name: {'text': str, 'num_occur': int >= 0}}",
+                                  "the tags a rule reward's format check counts (think_answer_tags: None is "
+                                  "<think>, </think>, <answer>, </answer> once each)", default=None),
+    "code_verifier_api_url": Check(_url, "None or an http(s) URL",
+                                   "the service reward_fn_type='code' posts programs and test cases to", default=None),
+    "value_clip": Check(is_positive, "a number > 0", default=0.4),
+    "gamma": Check(lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]", default=1.0),
+    "lam": Check(lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]", default=0.95),
+    "ppo_epochs": Check(is_positive_int, "an int >= 1", default=1),
+    "normalize_advantages": Check(is_flag, "a bool", default=False),
+    "lr_scheduler": Check(lambda v: v in (None, "constant", "cosine", "colossalchat"),
+                          "None, 'constant', 'cosine' or 'colossalchat'",
+                          "'colossalchat' (the default): ColossalChat's cosine from lr down to 0.1 * lr over "
+                          "min(num_episodes, 4) episodes, one value per round (coati_relay.training.schedule); "
+                          "'constant' and 'cosine' (over all optimizer steps, with warmup_steps) are this engine's",
+                          default="colossalchat"),
+    "warmup_steps": Check(lambda v: is_int(v) and v >= 0, "an int >= 0", default=0),
+    "max_grad_norm": Check(lambda v: v is None or is_positive(v), "None or a number > 0", default=None),
+    "policy_loss": Check(_registered("policy_loss"), _registered_names("policy_loss"),
+                         "the policy loss the learner calls, by its registered name: 'ppo_clip' is the clipped "
+                         "surrogate with an asymmetric clip and beta * KL (coati_relay.algorithms.losses)",
+                         default="ppo_clip"),
+    "value_loss": Check(_registered("value_loss"), _registered_names("value_loss"),
+                        "the critic's loss (algorithms with a critic: PPO), by its registered name: 'clipped' is the "
+                        "clipped value loss with value_clip", default="clipped"),
+    "kl_estimator": Check(_registered("kl"), _registered_names("kl"),
+                          "the per-token KL(policy || reference) estimator of the beta term, in the policy loss "
+                          "(GRPO, DAPO, RLOO) or folded into REINFORCE++'s advantages: 'k1' (logp - ref_logp), 'k2' "
+                          "((ref_logp - logp)^2 / 2) or 'k3' (exp(x) - 1 - x, x = ref_logp - logp); PPO's rewards "
+                          "carry k1 whatever this says", default="k3"),
 }
 
 # grpo_config keys that other parts of the configuration read.
@@ -186,7 +180,7 @@ def build_algorithm(errors: List[str], core_algo: Any, grpo: Mapping[str, Any],
     for key, entry in ALGORITHM_KEYS.items():
         default = spec.defaults.get(key, entry.default)
         value = grpo[key] if key in grpo else (default(grpo) if callable(default) else default)
-        if not entry.check(value):
+        if not entry.ok(value):
             expect = entry.expect(value) if callable(entry.expect) else entry.expect
             errors.append(f"grpo_config['{key}'] must be {expect}, got {value!r}")
         values[key] = value

@@ -1,9 +1,9 @@
-"""The predicates every config section checks its values with, written once. Each takes a value and says whether
-it is valid; the sections pair them with what they expect in their error messages."""
+"""The predicates every config section checks its values with, written once, and `Check`, the one shape of "a
+check and what it expects" the sections' key tables are written in."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 
 def is_int(v: Any) -> bool:
@@ -31,3 +31,14 @@ def is_positive(v: Any) -> bool:
 
 def is_non_negative(v: Any) -> bool:
     return is_number(v) and v >= 0
+
+
+class Check(NamedTuple):
+    """One key of a section's table. ok: True for a valid value; expect: what is valid, for the error message (or a
+    function of the value that says it); help: what the key does, where its name does not say it; default: the value
+    when the key is absent (a value, or a function of the given keys), in sections that fill defaults."""
+
+    ok: Callable[[Any], bool]
+    expect: Any
+    help: str = ""
+    default: Any = None

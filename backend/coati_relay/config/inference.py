@@ -14,19 +14,12 @@ one.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
-from coati_relay.config.checks import is_flag, is_int, is_number, is_positive_int
+from coati_relay.config.checks import Check, is_flag, is_int, is_number, is_positive_int
 from coati_relay.config.keys import closest
 
 _DTYPE_NAMES = ("float32", "float16", "bfloat16")
-
-
-class Check(NamedTuple):
-    """ok: True for a valid value; expect: what is valid, for the error message."""
-
-    ok: Callable[[Any], bool]
-    expect: str
 
 
 def _device(v: Any) -> bool:

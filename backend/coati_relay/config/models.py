@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from coati_relay.cluster.devices import flash_attention_available
-from coati_relay.config.checks import is_int, is_number
+from coati_relay.config.checks import Check, is_number, is_positive, is_positive_int
 from coati_relay.config.inference import check_inference_config
 from coati_relay.config.schema import Models, Roles
 from coati_relay.training.booster_backend import LORA_KEYS
@@ -161,6 +161,16 @@ def _flag_key(errors: List[str], section: str, key: str, cfg: Dict[str, Any]) ->
     return value
 
 
+LORA_CHECKS = {
+    "r": Check(is_positive_int, "an int > 0 (the rank; None for full training)"),
+    "alpha": Check(is_positive, "a number > 0"),
+    "dropout": Check(lambda v: is_number(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "target_modules": Check(lambda v: v is None or isinstance(v, str) or (
+        isinstance(v, (list, tuple)) and bool(v) and all(isinstance(m, str) and m for m in v)),
+        "None (peft's default), a module name or a non-empty list of module names"),
+}
+
+
 def _lora(errors: List[str], lora: Any) -> Optional[Dict[str, Any]]:
     """train_model_config['lora']: None (full training) or {"r": rank, "alpha", "target_modules", "dropout"}."""
     if lora is None:
@@ -169,14 +179,8 @@ def _lora(errors: List[str], lora: Any) -> Optional[Dict[str, Any]]:
         errors.append(f"train_model_config['lora'] must be None (full training) or a dict with 'r' and optionally "
                       f"{list(LORA_KEYS[1:])}, got {lora!r}")
         return None
-    checks = {"r": (lambda v: is_int(v) and v > 0, "an int > 0 (the rank; None for full training)"),
-              "alpha": (lambda v: is_number(v) and v > 0, "a number > 0"),
-              "dropout": (lambda v: is_number(v) and 0 <= v < 1, "a number in [0, 1)"),
-              "target_modules": (lambda v: v is None or isinstance(v, str) or (
-                  isinstance(v, (list, tuple)) and v and all(isinstance(m, str) and m for m in v)),
-                  "None (peft's default), a module name or a non-empty list of module names")}
     for key, value in lora.items():
-        ok, expect = checks[key]
-        if not ok(value):
-            errors.append(f"train_model_config['lora'][{key!r}] must be {expect}, got {value!r}")
+        check = LORA_CHECKS[key]
+        if not check.ok(value):
+            errors.append(f"train_model_config['lora'][{key!r}] must be {check.expect}, got {value!r}")
     return dict(lora)
