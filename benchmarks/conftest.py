@@ -69,7 +69,8 @@ def vllm_backend(request, vllm_model_path):
     """A real vLLM engine on the module's ``vllm_model_path`` fixture, started once per module that uses it (float32,
     the faster dtype on CPU). A module may set ``VLLM_KWARGS`` (keywords for ``vllm.LLM``, e.g. ``enforce_eager``),
     and its benchmarks may change the engine's sampling config and weights."""
-    from coati_relay.inference import SamplingConfig, VLLMBackend
+    from coati_relay.config.schema import SamplingConfig
+    from coati_relay.inference import VLLMBackend
 
     backend = VLLMBackend(vllm_model_path, SamplingConfig(), seed=0, **getattr(request.module, "VLLM_KWARGS", {}))
     yield backend

@@ -39,7 +39,7 @@ import torch
 from flops import forward_flops_per_token, matmul_peak_flops, model_shapes
 from peer_grpo import GENERATIONS, PROMPTS_PER_STEP, numbered_prompt
 
-from coati_relay.inference import SamplingConfig
+from coati_relay.config.schema import SamplingConfig
 
 TIMED = dict(hidden_size=256, num_layers=6, new_tokens=128)
 SMOKE = dict(hidden_size=128, num_layers=2, new_tokens=8)

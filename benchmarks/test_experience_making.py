@@ -19,7 +19,7 @@ import time
 import pytest
 import torch
 
-from coati_relay.inference import SamplingConfig
+from coati_relay.config.schema import SamplingConfig
 
 BATCH, MAX_NEW_TOKENS, KL_COEF, SEED = 16, 64, 0.1, 0
 GROUP = f"experience making (h512-l8, {BATCH} prompts x {MAX_NEW_TOKENS} tokens)"

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from coati_compat.reference.ray_helpers import state_dict_to
-from coati_relay.inference import SamplingConfig
+from coati_relay.config.schema import SamplingConfig
 
 ROUNDS, WARMUP, SEED, TIMEOUT_S = 10, 1, 0, 120.0
 PROMPTS = [[3, 40, 41, 42, 43, 44], [7, 8, 9], [100, 101, 102, 103]]

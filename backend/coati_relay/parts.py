@@ -31,7 +31,7 @@ _PARTS: Dict[str, str] = {
     "state_dict_shards": "coati_relay.training.state_dict_shards",
     "save_file": "coati_relay.training.checkpoint_files",
     # inference: sampling on a module the legacy maker holds, and vLLM's sizes
-    "SamplingConfig": "coati_relay.inference",
+    "SamplingConfig": "coati_relay.config.schema",
     "build_backend_on_module": "coati_relay.inference",
     "resolve_backend_name": "coati_relay.inference",
     "NoRoomForEngine": "coati_relay.inference.gpu_share",

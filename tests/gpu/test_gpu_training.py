@@ -182,7 +182,7 @@ _ROUND = textwrap.dedent("""
 def _rollouts(model_path: str, parts: int):
     """4 prompts x 4 responses sampled from the tiny model on the CPU (behaviour log-probs in float32), with fixed
     rewards; split into ``parts`` prompt-major shares."""
-    from coati_relay.inference import SamplingConfig
+    from coati_relay.config.schema import SamplingConfig
     from coati_relay.inference.transformers_backend import TransformersBackend
 
     backend = TransformersBackend(model_path, SamplingConfig(max_new_tokens=8, temperature=1.0, seed=0),

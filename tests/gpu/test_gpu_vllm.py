@@ -8,7 +8,7 @@ import pytest
 import torch
 from gpu_lane import MARKS, needs_vllm
 
-from coati_relay.inference import SamplingConfig
+from coati_relay.config.schema import SamplingConfig
 from coati_relay.roles.logprobs import response_logprobs
 from coati_relay.toy import build_tiny_model
 

@@ -8,7 +8,8 @@ import os
 import pytest
 import torch
 
-from coati_relay.inference import SamplingConfig, VLLMBackend
+from coati_relay.config.schema import SamplingConfig
+from coati_relay.inference import VLLMBackend
 
 pytestmark = pytest.mark.slow
 

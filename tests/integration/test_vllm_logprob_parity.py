@@ -12,7 +12,8 @@ import logging
 import pytest
 import torch
 
-from coati_relay.inference import SamplingConfig, VLLMBackend
+from coati_relay.config.schema import SamplingConfig
+from coati_relay.inference import VLLMBackend
 from coati_relay.roles.logprobs import response_logprobs
 from coati_relay.toy import build_tiny_model
 

@@ -6,7 +6,8 @@ import dataclasses
 import pytest
 import torch
 
-from coati_relay.inference import SamplingConfig, TransformersBackend
+from coati_relay.config.schema import SamplingConfig
+from coati_relay.inference import TransformersBackend
 from coati_relay.inference.rollout_building import special_token_ids
 
 

@@ -244,7 +244,8 @@ def test_prompts_reach_the_model_left_padded(tokenizer, tiny_model_path, tmp_pat
     # the one it gets alone
     import torch
 
-    from coati_relay.inference import SamplingConfig, TransformersBackend
+    from coati_relay.config.schema import SamplingConfig
+    from coati_relay.inference import TransformersBackend
 
     ds = load_prompts(["a", "write the letter b many times:"], tokenizer, max_prompt_tokens=32)
     backend = TransformersBackend(tiny_model_path, SamplingConfig(max_new_tokens=6, temperature=0.0, ignore_eos=True))

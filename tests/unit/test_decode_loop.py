@@ -8,7 +8,8 @@ from typing import List
 import pytest
 import torch
 
-from coati_relay.inference import SamplingConfig, TransformersBackend
+from coati_relay.config.schema import SamplingConfig
+from coati_relay.inference import TransformersBackend
 from coati_relay.inference.decode_loop import PreallocatedLayer
 
 PROMPTS = [[3, 40, 41, 42, 43, 44], [7, 8], [10, 20, 30, 40], [100, 101, 102]]

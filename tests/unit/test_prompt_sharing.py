@@ -78,7 +78,7 @@ def test_the_prompt_runs_once_per_run(model, batch):
 
 
 def test_generation_with_a_shared_prefill_samples_what_repeated_prompts_do(tiny_model_path):
-    from coati_relay.inference.base import SamplingConfig
+    from coati_relay.config.schema import SamplingConfig
     from coati_relay.inference.transformers_backend import TransformersBackend
 
     backend = TransformersBackend(tiny_model_path, SamplingConfig(max_new_tokens=6, temperature=1.0, seed=3),

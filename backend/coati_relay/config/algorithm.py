@@ -12,12 +12,12 @@ an error that names the closest valid one.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from coati_relay import algorithms
 from coati_relay.config.checks import Check, is_flag, is_int, is_non_negative, is_number, is_positive, is_positive_int
 from coati_relay.config.keys import check_section_keys, closest
+from coati_relay.config.schema import AlgorithmConfig
 
 
 def _pair(v: Any) -> bool:
@@ -120,41 +120,6 @@ IGNORED_GRPO_KEYS = {
     "num_minibatch_during_rollout": "ColossalChat never reads it either (rl_example_zero_bubble.py passes it); "
                                     "the zero-bubble entry's buffer is data_actor_buffer_size_limit",
 }
-
-
-@dataclass(frozen=True)
-class AlgorithmConfig:
-    """The algorithm settings of a run, one field per ``ALGORITHM_KEYS`` entry."""
-
-    lr: float
-    critic_lr: float
-    weight_decay: float
-    beta: float
-    kl_coef: float
-    loss_variation: str
-    clip_eps_low: float
-    clip_eps_high: float
-    filter_range: Optional[Sequence[float]]
-    soft_over_length_punishment: bool
-    cache_length: Optional[int]
-    overlength_scale: float
-    filter_truncated_response: bool
-    value_clip: float
-    gamma: float
-    lam: float
-    ppo_epochs: int
-    normalize_advantages: bool
-    lr_scheduler: Optional[str]
-    warmup_steps: int
-    max_grad_norm: Optional[float]
-    policy_loss: str
-    value_loss: str
-    kl_estimator: str
-    dynamic_batching: bool = True
-    response_format_tags: Optional[Mapping[str, Mapping[str, Any]]] = None
-    code_verifier_api_url: Optional[str] = None
-    algo: str = "GRPO"  # the advantage estimator: grpo_config['algo'], else core_algo
-    max_new_tokens: Optional[int] = None  # L of the rule rewards' length rules: grpo_config's, else generation's
 
 
 def core_algos() -> List[str]:

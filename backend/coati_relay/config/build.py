@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from coati_relay import algorithms
 from coati_relay.checkpoint import CHECKPOINTS_DIR
-from coati_relay.config.algorithm import AlgorithmConfig, build_algorithm
+from coati_relay.config.algorithm import build_algorithm
 from coati_relay.config.callbacks import check_callbacks, may_stop
 from coati_relay.config.checks import is_int, is_number, is_positive
 from coati_relay.config.colocate import check_colocate
@@ -32,7 +32,7 @@ from coati_relay.config.keys import (
 from coati_relay.config.models import build_models
 from coati_relay.config.report_to import check_report_to
 from coati_relay.config.sampling import build_sampling
-from coati_relay.config.schema import Batches, Checkpointing, Data, Plugin, Roles, RunConfig
+from coati_relay.config.schema import AlgorithmConfig, Batches, Checkpointing, Data, Plugin, Roles, RunConfig
 from coati_relay.config.user_code import ByValue, UserCode, UserCodeError, comes_with_engine, module_name, user_entries
 from coati_relay.inference.factory import BACKEND_NAMES
 

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any, List, Mapping, Optional
 
 from coati_relay.config.checks import is_int, is_number
-from coati_relay.config.schema import Data, EvalSettings, RolloutLogSettings
-from coati_relay.inference.base import SamplingConfig
+from coati_relay.config.schema import Data, EvalSettings, RolloutLogSettings, SamplingConfig
 
 EVAL_DATASET_KEYS = ("path", "prompts", "max_length", "system_prompt")
 # rule rewards: every evaluation prompt needs a gt_answer (code: test_cases) to judge an answer by

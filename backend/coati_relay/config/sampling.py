@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping
 
 from coati_relay.config.checks import is_int, is_number
 from coati_relay.config.keys import closest, warn_ignored
-from coati_relay.inference.base import SamplingConfig
+from coati_relay.config.schema import SamplingConfig
 from coati_relay.inference.generate_keys import (
     ENGINE_KEYS,
     TRANSFORMERS_FORCED,

@@ -6,11 +6,69 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from coati_relay.config.algorithm import AlgorithmConfig
 from coati_relay.config.user_code import UserCode
-from coati_relay.inference.base import SamplingConfig
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling parameters shared by every backend.
+
+    top_k <= 0 and top_p == 1.0 disable those filters. ``stop_token_ids`` end a response (the EOS id is always one).
+    ``stop_strings``: a response ends once its text holds one of them (vLLM's ``stop``: anywhere in the new text;
+    transformers' ``stop_strings``: at its end), the tokens that complete it included. ``do_sample`` False decodes
+    greedily (transformers' ``do_sample``). ``options``: further keywords handed unchanged to the backend
+    (``vllm.SamplingParams``'s, e.g. ``min_tokens``, ``repetition_penalty``, ``include_stop_str_in_output``).
+    """
+
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    seed: Optional[int] = None
+    stop_token_ids: List[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    stop_strings: List[str] = field(default_factory=list)
+    do_sample: bool = True
+    options: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """The algorithm settings of a run, one field per entry of `coati_relay.config.algorithm.ALGORITHM_KEYS`
+    (its checks, defaults and meanings)."""
+
+    lr: float
+    critic_lr: float
+    weight_decay: float
+    beta: float
+    kl_coef: float
+    loss_variation: str
+    clip_eps_low: float
+    clip_eps_high: float
+    filter_range: Optional[Sequence[float]]
+    soft_over_length_punishment: bool
+    cache_length: Optional[int]
+    overlength_scale: float
+    filter_truncated_response: bool
+    value_clip: float
+    gamma: float
+    lam: float
+    ppo_epochs: int
+    normalize_advantages: bool
+    lr_scheduler: Optional[str]
+    warmup_steps: int
+    max_grad_norm: Optional[float]
+    policy_loss: str
+    value_loss: str
+    kl_estimator: str
+    dynamic_batching: bool = True
+    response_format_tags: Optional[Mapping[str, Mapping[str, Any]]] = None
+    code_verifier_api_url: Optional[str] = None
+    algo: str = "GRPO"  # the advantage estimator: grpo_config['algo'], else core_algo
+    max_new_tokens: Optional[int] = None  # L of the rule rewards' length rules: grpo_config's, else generation's
+
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Inference backends: turn prompt token ids into `Rollout`s, and load new weights between generations."""
-from coati_relay.inference.base import InferenceBackend, SamplingConfig
+from coati_relay.inference.base import InferenceBackend
 from coati_relay.inference.factory import (
     BACKEND_NAMES,
     build_backend_on_module,
@@ -9,5 +9,5 @@ from coati_relay.inference.factory import (
 from coati_relay.inference.transformers_backend import TransformersBackend
 from coati_relay.inference.vllm_backend import VLLMBackend
 
-__all__ = ["InferenceBackend", "SamplingConfig", "TransformersBackend", "VLLMBackend", "build_inference_backend",
+__all__ = ["InferenceBackend", "TransformersBackend", "VLLMBackend", "build_inference_backend",
            "build_backend_on_module", "resolve_backend_name", "BACKEND_NAMES"]

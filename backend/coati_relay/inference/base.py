@@ -1,35 +1,12 @@
 """The `InferenceBackend` seam: turn prompt token ids into a `Rollout`, and load new weights between generations."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Protocol, Sequence, runtime_checkable
+from typing import Dict, Optional, Protocol, Sequence, runtime_checkable
 
 import torch
 
+from coati_relay.config.schema import SamplingConfig
 from coati_relay.rollout import Rollout
-
-
-@dataclass
-class SamplingConfig:
-    """Sampling parameters shared by every backend.
-
-    top_k <= 0 and top_p == 1.0 disable those filters. ``stop_token_ids`` end a response (the EOS id is always one).
-    ``stop_strings``: a response ends once its text holds one of them (vLLM's ``stop``: anywhere in the new text;
-    transformers' ``stop_strings``: at its end), the tokens that complete it included. ``do_sample`` False decodes
-    greedily (transformers' ``do_sample``). ``options``: further keywords handed unchanged to the backend
-    (``vllm.SamplingParams``'s, e.g. ``min_tokens``, ``repetition_penalty``, ``include_stop_str_in_output``).
-    """
-
-    max_new_tokens: int = 16
-    temperature: float = 1.0
-    top_k: int = -1
-    top_p: float = 1.0
-    seed: Optional[int] = None
-    stop_token_ids: List[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    stop_strings: List[str] = field(default_factory=list)
-    do_sample: bool = True
-    options: Dict[str, Any] = field(default_factory=dict)
 
 
 @runtime_checkable

@@ -20,7 +20,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from coati_relay.inference.base import SamplingConfig
+from coati_relay.config.schema import SamplingConfig
 
 COMPACT_FRACTION = 8  # the batch drops its stopped rows once 1/COMPACT_FRACTION of them stopped
 

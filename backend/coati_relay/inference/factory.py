@@ -7,7 +7,8 @@ from typing import Dict, Optional
 
 import torch
 
-from coati_relay.inference.base import InferenceBackend, SamplingConfig
+from coati_relay.config.schema import SamplingConfig
+from coati_relay.inference.base import InferenceBackend
 
 BACKEND_NAMES = ("vllm", "transformers")
 

@@ -7,14 +7,14 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import torch
 
-from coati_relay.inference.base import SamplingConfig
+from coati_relay.config.schema import SamplingConfig
 from coati_relay.rollout import Rollout, response_mask
 
 
 def check_sampling(sampling: SamplingConfig) -> SamplingConfig:
     """Raises on a sampling config no backend can honour; returns it."""
     if not isinstance(sampling, SamplingConfig):
-        raise TypeError(f"sampling must be a coati_relay.inference.SamplingConfig, got {type(sampling).__name__}")
+        raise TypeError(f"sampling must be a coati_relay.config.schema.SamplingConfig, got {type(sampling).__name__}")
     if not isinstance(sampling.max_new_tokens, int) or sampling.max_new_tokens < 1:
         raise ValueError(f"SamplingConfig.max_new_tokens must be an int >= 1, got {sampling.max_new_tokens!r}")
     if sampling.temperature < 0:

@@ -19,7 +19,7 @@ from typing import Dict, Optional, Sequence
 import torch
 
 from coati_relay.cluster.devices import resolve_device, to_device, to_host
-from coati_relay.inference.base import SamplingConfig
+from coati_relay.config.schema import SamplingConfig
 from coati_relay.inference.prompt_sharing import prefill_shared
 from coati_relay.inference.rollout_building import (
     SeedSequence,

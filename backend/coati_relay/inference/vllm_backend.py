@@ -30,7 +30,7 @@ from packaging.version import Version
 from torch.nn.utils.rnn import pad_sequence
 
 from coati_relay.cluster.devices import accelerator_device
-from coati_relay.inference.base import SamplingConfig
+from coati_relay.config.schema import SamplingConfig
 from coati_relay.inference.kv_cache_size import KVCACHE_ENV, run_kv_cache_bytes, without_kvcache_env
 from coati_relay.inference.module_checkpoint import write_module_checkpoint
 from coati_relay.inference.rollout_building import (
