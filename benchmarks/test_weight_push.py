@@ -3,8 +3,8 @@
 - old: the legacy ``_update_remote_makers`` payload path: ``state_dict_to`` (every tensor to fp16 on the CPU), the
   state dict through the object store (the argument of ``update_experience_maker.remote``), then
   ``actor.model.load_state_dict(sd, strict=False)`` on the maker's model.
-- new: ``WeightPublisher.publish`` (a CPU copy of the weights, one flat buffer per dtype, ``ray.put`` once, the
-  version announced to a real weight-store actor), ``WeightSubscriber.fetch`` (wait for the version, ``ray.get``,
+- new: ``ObjectStorePublisher.publish`` (a CPU copy of the weights, one flat buffer per dtype, ``ray.put`` once, the
+  version announced to a real weight-store actor), ``ObjectStoreSubscriber.fetch`` (wait for the version, ``ray.get``,
   views back into named tensors) and ``load_weights`` into the inference backend: transformers (copies into the
   parameters) or vLLM (the engine's in-place ``reload_weights``, which repacks the CPU kernels' weights).
 
@@ -87,7 +87,8 @@ def _engine_push(trainer, publisher, subscriber, backend, versions):
 
 @pytest.mark.parametrize("backend_name", ["transformers", "vllm"])
 def test_engine_push(benchmark, work, request, ray_session, trainer, backend_name, medium_model_path):
-    from coati_relay.exchange.weight_sync import WeightPublisher, WeightSubscriber, make_weight_store
+    from coati_relay.exchange.weight_store import make_weight_store
+    from coati_relay.exchange.weight_sync import ObjectStorePublisher, ObjectStoreSubscriber
 
     if backend_name == "vllm":
         backend = request.getfixturevalue("vllm_backend")
@@ -99,7 +100,7 @@ def test_engine_push(benchmark, work, request, ray_session, trainer, backend_nam
     versions = itertools.count(backend.weight_version + 1)
     benchmark.group = _group(trainer)
     tensors = benchmark.pedantic(
-        _engine_push, args=(trainer, WeightPublisher(store), WeightSubscriber(store), backend, versions),
+        _engine_push, args=(trainer, ObjectStorePublisher(store), ObjectStoreSubscriber(store), backend, versions),
         rounds=ROUNDS, warmup_rounds=WARMUP)
     work["bytes"] = _nbytes(tensors)
     work["parameters"] = sum(t.numel() for t in tensors.values())

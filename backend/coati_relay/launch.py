@@ -133,7 +133,7 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
 
     from coati_relay.cluster.placement import on_head_node
     from coati_relay.exchange.queue import make_rollout_queue
-    from coati_relay.exchange.weight_sync import make_weight_store
+    from coati_relay.exchange.weight_store import make_weight_store
     from coati_relay.observe.evaluation import EVAL_KIND, EvalAggregator, training_records
     from coati_relay.observe.metrics import MetricsLogger, ProgressBar, run_summary
     from coati_relay.observe.trackers import open_run_trackers

@@ -54,7 +54,7 @@ def test_collective_sync_delivers_a_trained_models_weights_value_for_value(gpu_r
     the publisher's logits exactly."""
     from transformers import AutoModelForCausalLM
 
-    from coati_relay.exchange.weight_sync import make_weight_store
+    from coati_relay.exchange.weight_store import make_weight_store
     from coati_relay.exchange.weight_sync_collective import CollectivePublisher, CollectiveSubscriber
     from coati_relay.training.rendezvous import host_store
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from coati_relay.exchange.weight_store import make_weight_store
 from coati_relay.exchange.weight_sync import (
-    WeightPublisher,
-    WeightSubscriber,
+    ObjectStorePublisher,
+    ObjectStoreSubscriber,
     flatten_state_dict,
     lora_adapters,
-    make_weight_store,
     merge_lora,
     unflatten_state_dict,
 )
@@ -60,8 +60,8 @@ def test_lora_adapters_rebuild_the_trained_weights(tiny_model_path):
 @pytest.mark.slow
 def test_publish_and_fetch_through_ray(ray_cluster):
     store = make_weight_store()
-    pub = WeightPublisher(store)
-    sub = WeightSubscriber(store)
+    pub = ObjectStorePublisher(store)
+    sub = ObjectStoreSubscriber(store)
     with pytest.raises(TimeoutError, match="version >= 1"):
         sub.fetch(1, timeout_s=0.5)
     stats = pub.publish(1, tensors={"w": torch.ones(2, 3), "n": torch.arange(3)})
@@ -73,7 +73,7 @@ def test_publish_and_fetch_through_ray(ray_cluster):
     with pytest.raises(ValueError, match="exactly one"):
         pub.publish(2)
     pub.publish(2, adapters={"w": (torch.ones(1, 3), torch.ones(2, 1), 1.0)})
-    lora_sub = WeightSubscriber(store, base_weights={"w": torch.zeros(2, 3)})
+    lora_sub = ObjectStoreSubscriber(store, base_weights={"w": torch.zeros(2, 3)})
     version, tensors = lora_sub.fetch(2, timeout_s=10)
     assert version == 2 and torch.equal(tensors["w"], torch.ones(2, 3))
     with pytest.raises(RuntimeError, match="base weights"):

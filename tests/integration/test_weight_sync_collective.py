@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from coati_relay.exchange.weight_sync import make_weight_store
+from coati_relay.exchange.weight_store import make_weight_store
 from coati_relay.exchange.weight_sync_collective import CollectivePublisher, CollectiveSubscriber, choose_backend
 from coati_relay.training.rendezvous import host_store
 

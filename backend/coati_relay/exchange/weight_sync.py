@@ -14,7 +14,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from coati_relay.exchange.weight_store import PublishedWeights, WeightStoreActor, make_weight_store  # noqa: F401
+from coati_relay.exchange.publishing import Adapters
+from coati_relay.exchange.weight_store import PublishedWeights
 
 FlatMeta = List[Tuple[str, str, Tuple[int, ...], int, int]]  # name, dtype, shape, offset, numel
 
@@ -139,20 +140,23 @@ def merge_lora(base: Dict[str, torch.Tensor],
     return merged
 
 
-class WeightPublisher:
-    """Consumer side: ``publish(version, tensors)`` puts one flat copy in the object store and announces it."""
+class ObjectStorePublisher:
+    """Consumer side (a `WeightPublisher`): ``publish(version, tensors)`` puts one flat copy in the object store and
+    announces it."""
+
+    device = None  # weights are copied to the host whatever device they are on
 
     def __init__(self, store):
         self.store = store
 
     def publish(self, version: int, tensors: Dict[str, torch.Tensor] | None = None,
-                adapters: Dict[str, Tuple[torch.Tensor, torch.Tensor, float]] | None = None,
+                adapters: Adapters | None = None,
                 timeout_s: float = 120.0) -> Dict[str, float]:
         """Publishes full weights (``tensors``) or LoRA adapters (``adapters``). Returns timing and size."""
         import ray
 
         if (tensors is None) == (adapters is None):
-            raise ValueError("WeightPublisher.publish: pass exactly one of tensors= or adapters=")
+            raise ValueError("ObjectStorePublisher.publish: pass exactly one of tensors= or adapters=")
         t0 = time.perf_counter()
         if tensors is not None:
             (ref, nbytes), kind = put_packed(tensors), "full"
@@ -164,8 +168,9 @@ class WeightPublisher:
         return {"weight_publish_s": time.perf_counter() - t0, "weight_bytes": float(nbytes)}
 
 
-class WeightSubscriber:
-    """Producer side: fetches a published version and turns it into tensors ready for `load_weights`."""
+class ObjectStoreSubscriber:
+    """Producer side (a `WeightSubscriber`): fetches a published version and turns it into tensors ready for
+    `load_weights`."""
 
     def __init__(self, store, base_weights: Optional[Dict[str, torch.Tensor]] = None):
         self.store = store
@@ -184,5 +189,5 @@ class WeightSubscriber:
         if pub.kind == "full":
             return pub.version, dict(payload)
         if self.base_weights is None:
-            raise RuntimeError("WeightSubscriber: LoRA-only weights published but no base weights were given")
+            raise RuntimeError("ObjectStoreSubscriber: LoRA-only weights published but no base weights were given")
         return pub.version, merge_lora(self.base_weights, payload)

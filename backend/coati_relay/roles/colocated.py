@@ -28,20 +28,24 @@ import torch
 
 from coati_relay.cluster.environ import restore_environ
 from coati_relay.config.schema import RunConfig
+from coati_relay.exchange.publishing import Adapters
 
 log = logging.getLogger(__name__)
 
 
 class InProcessPublisher:
-    """The consumer's publisher in a colocated run whose inference backend holds its own copy of the weights
+    """The consumer's `WeightPublisher` in a colocated run whose inference backend holds its own copy of the weights
     (vLLM): each version goes straight to ``backend.load_weights``, in this process."""
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
 
+    device = None  # the engine loads weights from any device
+
     def publish(self, version: int, tensors: Optional[Dict[str, torch.Tensor]] = None,
-                adapters: Optional[Dict[str, Any]] = None) -> Dict[str, float]:
-        """Loads full weights (``tensors``, HF names) as ``version``; returns the seconds it took."""
+                adapters: Optional[Adapters] = None, timeout_s: float = 120.0) -> Dict[str, float]:
+        """Loads full weights (``tensors``, HF names) as ``version``; returns the seconds it took. ``timeout_s`` is
+        the seam's: an in-process load does not wait on anyone."""
         if tensors is None or adapters is not None:
             raise ValueError("InProcessPublisher.publish: a colocated run publishes full weights (tensors=) only")
         t0 = time.perf_counter()

@@ -21,6 +21,7 @@ from coati_relay.checkpoint import save_due
 from coati_relay.cluster.heap import trim_heap
 from coati_relay.cluster.placement import node_id
 from coati_relay.config.schema import RunConfig
+from coati_relay.exchange.publishing import WeightPublisher
 from coati_relay.observe.profiling import PhaseProfiler
 from coati_relay.roles.learner import Learner
 from coati_relay.roles.seeding import seed_everything
@@ -56,7 +57,7 @@ class ConsumerWorker:
         self.cfg = cfg
         self.queue = queue
         self.store = weight_store
-        self.publisher = None  # rank 0's, made in setup
+        self.publisher: Optional[WeightPublisher] = None  # rank 0's, made in setup
         self.round = 0
         self.tokenizer = None  # loaded in `_load` (none around given models: `for_models`)
         self._hosted: Dict[str, Any] = {}  # rank 0: the rendezvous stores it hosts, from `rendezvous` to `setup`
@@ -110,9 +111,9 @@ class ConsumerWorker:
                 self.publisher = CollectivePublisher(self.store, self._hosted.pop("weights"),
                                                      cfg.roles.num_producers + 1, cfg.roles.timeout_s)
             else:
-                from coati_relay.exchange.weight_sync import WeightPublisher
+                from coati_relay.exchange.weight_sync import ObjectStorePublisher
 
-                self.publisher = WeightPublisher(self.store)
+                self.publisher = ObjectStorePublisher(self.store)
         self._publish(self.round)
         return {"role": f"consumer-{self.rank}", "node": node_id(), "setup_s": time.perf_counter() - t0,
                 "start_round": self.round}
@@ -192,7 +193,8 @@ class ConsumerWorker:
             return self.publisher.publish(version, adapters=lora_adapters(self.policy.unwrapped())) \
                 if publishing else {}
         # A publisher sending from the GPU (NCCL) takes the weights where they are: no copy to the host and back.
-        tensors = self.policy.state_dict_for_inference(keep=publishing, device=getattr(self.publisher, "device", None))
+        device = self.publisher.device if publishing else None
+        tensors = self.policy.state_dict_for_inference(keep=publishing, device=device)
         return self.publisher.publish(version, tensors=tensors) if publishing else {}
 
     # -- the loop --------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import torch
 from coati_relay.cluster.heap import trim_heap
 from coati_relay.cluster.placement import node_id
 from coati_relay.config.schema import RunConfig
+from coati_relay.exchange.publishing import WeightSubscriber
 from coati_relay.observe.profiling import PhaseProfiler
 from coati_relay.rollout import Rollout
 
@@ -59,7 +60,7 @@ class ProducerWorker:
     # -- set-up ----------------------------------------------------------------------------------------------
     def setup(self, weight_addr: str = "", weight_port: int = 0) -> Dict[str, Any]:
         self.profiler = PhaseProfiler(self.cfg.checkpointing.run_dir, self.name, self.cfg.enable_profiling)
-        from coati_relay.exchange.weight_sync import WeightSubscriber
+        from coati_relay.exchange.weight_sync import ObjectStoreSubscriber
 
         cfg = self.cfg
         t0 = time.perf_counter()
@@ -72,6 +73,7 @@ class ProducerWorker:
             from coati_relay.training.booster_backend import load_causal_lm
 
             base = {k: v.detach().clone() for k, v in load_causal_lm(cfg.models.model_path).state_dict().items()}
+        self.subscriber: WeightSubscriber
         if cfg.roles.weight_sync == "collective":
             from coati_relay.exchange.weight_sync_collective import CollectiveSubscriber
 
@@ -79,7 +81,7 @@ class ProducerWorker:
                                                    cfg.roles.num_producers + 1, self.start_version,
                                                    cfg.roles.timeout_s, base)
         else:
-            self.subscriber = WeightSubscriber(self.store, base_weights=base)
+            self.subscriber = ObjectStoreSubscriber(self.store, base_weights=base)
         self._load_version(self.start_version, timeout_s=self.cfg.roles.timeout_s)
         return {"role": self.name, "node": node_id(), "setup_s": time.perf_counter() - t0,
                 "backend": cfg.roles.inference_backend}
