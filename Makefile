@@ -27,7 +27,7 @@ test-fast: setup
 setup-gpu:
 	@VENV_GPU=$(VENV_GPU) bash scripts/setup_env_gpu.sh
 
-test-gpu:  # tests/gpu (README "GPU test lane") in .venv-gpu on a CUDA host; elsewhere they run in .venv and skip
+test-gpu:  # tests/gpu (docs/contributing.md "GPU test lane") in .venv-gpu on a CUDA host; elsewhere they run in .venv and skip
 	@if nvidia-smi -L >/dev/null 2>&1; then \
 	  $(MAKE) --no-print-directory setup-gpu && $(VENV_GPU)/bin/python -m pytest tests/gpu -m gpu -q -rs; \
 	else \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv-gpu with the CUDA working set of the GPU test lane (README "GPU test lane"; `make test-gpu` calls
+# Creates .venv-gpu with the CUDA working set of the GPU test lane (docs/contributing.md "GPU test lane"; `make test-gpu` calls
 # it). Idempotent: a stamp holding the hash of this script and pyproject.toml skips everything when nothing changed.
 # Needs an NVIDIA driver, and the CUDA toolkit (nvcc) for HybridAdam's kernels, which it builds once (Gemini and CPU
 # offload use HybridAdam; the other plugins step torch's fused AdamW).

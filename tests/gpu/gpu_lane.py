@@ -16,7 +16,8 @@ CUDA = torch.cuda.is_available()
 DEVICES = torch.cuda.device_count() if CUDA else 0
 
 MARKS = [pytest.mark.gpu, pytest.mark.slow,
-         pytest.mark.skipif(not CUDA, reason="needs CUDA: the GPU lane runs on a CUDA host (README, 'GPU test lane')")]
+         pytest.mark.skipif(not CUDA, reason="needs CUDA: the GPU lane runs on a CUDA host "
+                                              "(docs/contributing.md, 'GPU test lane')")]
 
 
 def needs_devices(n: int):
