@@ -4,8 +4,9 @@ Entry points: `launch_distributed(...)` with ColossalChat's keywords (plus ``cor
 launch_distributed)`` lists every keyword) and, as in ColossalChat, the zero-bubble variant in a module of its
 own: ``from coati_relay.launch_zero_bubble import launch_distributed`` (the same keywords plus
 ``data_actor_buffer_size_limit``); both return a `RunResult`.
-Extension points: `register_reward` (a reward function by name) and `register_algorithm` (an
-advantage estimator, policy loss, value loss or KL estimator by name; `coati_relay.algorithms.register`).
+Extension points: `register_reward` (a reward function by name), `register_estimator` (an advantage estimator
+by name) and `register_algorithm` (an advantage estimator, policy loss, value loss or KL estimator by name;
+`coati_relay.algorithms.register`).
 Hooks: ``callbacks=[...]`` (`coati_relay.callbacks`), `StopRun` to end a run early, `CallbackError` when a
 hook fails. `build_tiny_model` writes a tiny local model for trying things out.
 
@@ -27,6 +28,7 @@ _EXPORTS = {
     "build_run_config": ("coati_relay.config.build", "build_run_config"),
     "register_reward": ("coati_relay.rewards", "register_reward"),
     "register_algorithm": ("coati_relay.algorithms", "register"),
+    "register_estimator": ("coati_relay.algorithms", "register_estimator"),
     "build_tiny_model": ("coati_relay.toy", "build_tiny_model"),
     "write_toy_dataset": ("coati_relay.toy", "write_toy_dataset"),
 }

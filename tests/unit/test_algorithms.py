@@ -342,3 +342,19 @@ def test_an_infinite_log_ratio_on_a_dropped_sample_leaves_loss_and_gradient_fini
     assert torch.isfinite(loss) and torch.isfinite(logp.grad).all(), (loss, logp.grad)
     assert stats["ratio_max"] == pytest.approx(math.exp(20.0), rel=1e-5)
     torch.testing.assert_close(logp.grad[1], torch.zeros(3))
+
+
+def test_register_estimator_from_the_top_level_makes_a_core_algo():
+    import coati_relay
+    from coati_relay.algorithms import Advantages, names, unregister
+    from coati_relay.config.algorithm import core_algos
+
+    @coati_relay.register_estimator("centred_test")
+    def centred(inputs, params):
+        return Advantages((inputs.rewards - inputs.rewards.mean()).unsqueeze(1))
+
+    try:
+        assert "centred_test" in names("advantage") and "CENTRED_TEST" in core_algos()
+        assert "register_estimator" in dir(coati_relay)
+    finally:
+        unregister("advantage", "centred_test")

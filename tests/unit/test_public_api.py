@@ -11,7 +11,7 @@ from coati_relay.config.build import build_run_config
 from coati_relay.config.keys import IGNORED_LAUNCH_KEYS
 from coati_relay.config.launch_keywords import LAUNCH_KEYWORDS
 
-PUBLIC = ("launch_distributed", "RunResult", "register_reward", "register_algorithm",
+PUBLIC = ("launch_distributed", "RunResult", "register_reward", "register_algorithm", "register_estimator",
           "build_tiny_model", "ConfigError", "RunFailed", "build_run_config", "write_toy_dataset",
           "CallbackError", "StopRun")
 

@@ -10,11 +10,20 @@ from coati_relay.algorithms.estimators import AdvantageInputs, Advantages
 from coati_relay.algorithms.kl import kl_estimate, kl_k1, kl_k2, kl_k3, token_level_rewards
 from coati_relay.algorithms.losses import policy_loss, value_loss
 from coati_relay.algorithms.masked import masked_mean, masked_sum, masked_var, whiten, whiten_over_ranks
-from coati_relay.algorithms.registry import KINDS, AlgorithmSpec, get, names, register, spec, unregister
+from coati_relay.algorithms.registry import (
+    KINDS,
+    AlgorithmSpec,
+    get,
+    names,
+    register,
+    register_estimator,
+    spec,
+    unregister,
+)
 
 __all__ = [
     "KINDS", "AdvantageInputs", "Advantages", "AlgorithmSpec", "gae", "get", "group_advantage", "kl_estimate",
     "kl_folded_advantages", "kl_k1", "kl_k2", "kl_k3", "masked_mean", "masked_sum", "masked_var", "names",
-    "policy_loss", "register", "spec", "token_level_rewards", "unregister", "value_loss", "whiten",
-    "whiten_over_ranks",
+    "policy_loss", "register", "register_estimator", "spec", "token_level_rewards", "unregister", "value_loss",
+    "whiten", "whiten_over_ranks",
 ]

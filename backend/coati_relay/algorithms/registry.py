@@ -94,6 +94,13 @@ def register(kind: str, name: str, spec: Optional[AlgorithmSpec] = None) -> Call
     return deco
 
 
+def register_estimator(name: str, spec: Optional[AlgorithmSpec] = None) -> Callable[[F], F]:
+    """Decorator: an advantage estimator under ``name`` (``core_algo=NAME.upper()`` or ``grpo_config["algo"]`` runs
+    it); `register` ``("advantage", name, spec)``, with ``AlgorithmSpec()`` (no critic, any group size, KL in the loss)
+    when no spec is given. ``fn(inputs: AdvantageInputs, params) -> Advantages`` (this module's docstring)."""
+    return register("advantage", name, spec if spec is not None else AlgorithmSpec())
+
+
 def unregister(kind: str, name: str) -> None:
     """Removes ``(kind, name)`` (for tests that register a throwaway function)."""
     _table(kind).pop(name.lower(), None)
