@@ -7,16 +7,15 @@ a legacy setting without an exact counterpart, with a link into the migration gu
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from typing import Any, Dict
 
-# NOTE: NOT TRANSLATED: DetachedPGTrainer(DetachedTrainer) defines its own training step (training_step, save_actor,
-#       _update_remote_makers): the rewriter cannot translate a custom training_step. launch_distributed trains with
-#       a built-in algorithm (core_algo PPO, GRPO, DAPO, RLOO, REINFORCE_PPB); the call below uses core_algo='PPO'
-#       as the closest stand-in. (legacy line 53) See migration_guide/rewriter.md#custom-classes
-# NOTE: the callback class MetricsWriter(TrainerCallback) is not translated: the engine has no hooks; read the same
-#       numbers from the returned RunResult.history or run_dir/metrics.jsonl. (legacy line 37) See
-#       migration_guide/rewriter.md#callbacks
+from coati_relay.algorithms import masked_mean
+
+# NOTE: the callback class MetricsWriter(TrainerCallback) is carried as a hook class below and passed as
+#       launch_distributed(callbacks=[...]) in main(). (legacy line 37) See
+#       migration_guide/rewriter.md#custom-classes
 # NOTE: .options(max_concurrency, name, num_gpus) on the legacy actors has no counterpart: launch_distributed
 #       creates and places its actors itself (a GPU each where the cluster has enough, CPU shares otherwise). See
 #       migration_guide/rewriter.md#placement
@@ -30,10 +29,8 @@ from typing import Any, Dict
 # NOTE: buffer_limit=4: the engine's queue holds at most (n_behind + 1) rounds of rollouts and blocks producers
 #       beyond that (legacy makers were never throttled); n_behind=0, the default, keeps training on-policy. (legacy
 #       line 117) See migration_guide/rewriter.md#buffer
-# NOTE: callbacks: the engine has no hooks; launch_distributed returns a RunResult whose history holds every step's
-#       metrics (also written to run_dir/metrics.jsonl). (legacy line 117) See migration_guide/rewriter.md#callbacks
-# NOTE: --model, --experience_steps, --metrics_path, --save_dir are still accepted, so legacy command lines keep
-#       working, but have no effect: what they set has no counterpart (see the other NOTEs). See
+# NOTE: --model, --experience_steps, --save_dir are still accepted, so legacy command lines keep working, but have
+#       no effect: what they set has no counterpart (see the other NOTEs). See
 #       migration_guide/rewriter.md#unused-flags
 
 
@@ -68,6 +65,59 @@ def round_sizes(num_producers, num_consumers, experience_batch_size, train_batch
     step = math.lcm(per_producer, micro)
     batch = step * max(1, -(-target // (step * num_producers)))
     return batch, micro
+
+
+class MetricsWriter:
+    """Appends one JSON line per training step to ``path``."""
+
+    def __init__(self, path):
+        self.path = path
+        self.step = 0
+
+    # NOTE: on_batch_end(metrics, experience) -> on_round_end(step, metrics) (legacy line 44). See
+    #       migration_guide/rewriter.md#custom-classes
+    # NOTE: the engine calls it once a round (one weight version, after all of the round's optimizer steps) with the
+    #       round's metrics record; the line below rebuilds the legacy training step's metrics from it. See
+    #       migration_guide/rewriter.md#custom-classes
+    def on_round_end(self, step, metrics):
+        metrics = {"pg_loss": metrics["loss"], "reward": metrics["reward"]}
+        self.step += 1
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": self.step, **metrics}) + '\n')
+
+
+def detached_pg_trainer_loss(logp, old_logp, advantages, mask, num_samples, **options):
+    """DetachedPGTrainer.training_step (legacy line 62) as a policy loss, registered as 'DetachedPGTrainer'.
+
+    logp, old_logp, mask: [B,T] (mask 1 on response tokens); advantages: [B,1]; num_samples: samples of
+    the whole optimizer step. Returns (scalar loss, stats).
+    """
+    # NOTE: `self.actor.train()` (line 63): dropped; the learner sets train mode, runs the backward pass, the
+    #       optimizer step and zero_grad itself. See migration_guide/rewriter.md#custom-classes
+    # NOTE: `num_actions = experience.action_mask.size(1)` (line 64): dropped; nothing reads it once the learner
+    #       computes the log-probs. See migration_guide/rewriter.md#custom-classes
+    # NOTE: `loss.backward()` (line 68): dropped; the learner sets train mode, runs the backward pass, the optimizer
+    #       step and zero_grad itself. See migration_guide/rewriter.md#custom-classes
+    # NOTE: `self.actor_optim.step()` (line 69): dropped; the learner sets train mode, runs the backward pass, the
+    #       optimizer step and zero_grad itself. See migration_guide/rewriter.md#custom-classes
+    # NOTE: `self.actor_optim.zero_grad()` (line 70): dropped; the learner sets train mode, runs the backward pass,
+    #       the optimizer step and zero_grad itself. See migration_guide/rewriter.md#custom-classes
+    # NOTE: `return {...}` (line 71) -> `return loss, {}`: the engine logs pg_loss as 'loss', reward as 'reward' in
+    #       its metrics; the carried hooks get them back under the legacy names. See
+    #       migration_guide/rewriter.md#custom-classes
+    # NOTE: `log_probs = self.actor(experience.sequences, num_actions, attention_mask=experience.attention_mask)`
+    #       (line 65) -> `log_probs = logp`: the learner computes the policy's log-probs of the response tokens
+    #       (logp [B,T], with grad) before it calls the loss. See migration_guide/rewriter.md#custom-classes
+    log_probs = logp
+    # NOTE: `seq_log_probs = masked_mean(log_probs, experience.action_mask, dim=1)` (line 66): the experience's
+    #       fields are the loss's arguments. See migration_guide/rewriter.md#custom-classes
+    seq_log_probs = masked_mean(log_probs, mask, dim=1)
+    # NOTE: `loss = -(experience.advantages.squeeze(-1) * seq_log_probs).mean()` (line 67): each batch mean becomes
+    #       a sum over this micro-batch divided by num_samples (the samples of the whole optimizer step): the
+    #       learner calls the loss per micro-batch and adds the results up. See
+    #       migration_guide/rewriter.md#custom-classes
+    loss = -((advantages.squeeze(-1) * seq_log_probs).sum() / num_samples)
+    return loss, {}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,23 +205,31 @@ def launch_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
         #       report its log-probs; the losses need those of the full distribution, which the legacy maker
         #       computed with an actor forward. The consumers recompute them the same way, one forward without
         #       gradient per round; drop top_k/top_p to save it. See migration_guide/rewriter.md#generation
-        generate_config={"max_new_tokens": max_new_tokens(args.max_length, prompt_tokens), "top_k": 50},
+        generate_config={
+            "max_new_tokens": max_new_tokens(args.max_length, prompt_tokens), "top_k": 50, "temperature": 1.0,
+            "top_p": 1.0},
         train_model_config={"path": args.pretrain},
-        # NOTE: kl_coef: the legacy maker subtracted kl_coef times a sequence-level KL estimate from the reward and
-        #       used advantage = reward - value; the engine's PPO puts -kl_coef*KL on every response token and
-        #       estimates advantages with GAE (gamma, lam in grpo_config). See
-        #       migration_guide/rewriter.md#kl-and-advantages
         # NOTE: train_epochs -> grpo_config['ppo_epochs']: legacy replayed an episode's update_steps batches
         #       (shuffled) for train_epochs - 1 more epochs before pushing the weights; the engine passes over a
         #       round's batches ppo_epochs times, in order, before publishing a weight version. (legacy line 139)
         #       See migration_guide/rewriter.md#train-epochs
-        grpo_config={"lr": args.lr, "critic_lr": args.lr, "kl_coef": 0.1, "ppo_epochs": args.train_epochs},
+        grpo_config={
+            "lr": args.lr, "ppo_epochs": args.train_epochs, "beta": 0.0, "policy_loss": "DetachedPGTrainer",
+            "lr_scheduler": "constant", "weight_decay": 0.0},
         plugin_config={"plugin": "ddp"},
         inference_backend=args.inference_backend,
-        num_generations=1,
-        core_algo="PPO",
+        num_generations=2,
+        # NOTE: DetachedPGTrainer.training_step is carried as the policy loss detached_pg_trainer_loss (above),
+        #       registered in main() as 'DetachedPGTrainer' and named in grpo_config['policy_loss']. The learner
+        #       calls it with the log-probs it computed; the legacy maker's advantage was reward - critic value,
+        #       here RLOO's leave-one-out baseline over 2 responses per prompt stands in, so no critic is trained
+        #       (train_batch_size counts prompts: each step sees 2 responses of each). The loss takes no KL term
+        #       (beta 0, no reference model); the legacy maker folded kl_coef*KL into the reward: add beta *
+        #       per_token_kl in the loss and set grpo_config['beta'] to keep one. The optimizer is Adam at a
+        #       constant lr without weight decay, as the trainer's own was. See
+        #       migration_guide/rewriter.md#custom-classes
+        core_algo="RLOO",
         project_name="custom_trainer",
-        critic_model_config={"path": args.critic_pretrain},
         reward_model_config={"path": args.critic_pretrain},
         run_dir=args.run_dir,
         report_to=args.report_to,
@@ -182,7 +240,10 @@ def main(argv=None):
     from coati_relay import launch_distributed  # imported here: reading launch_kwargs stays cheap
 
     args = build_parser().parse_args(argv)
-    result = launch_distributed(**launch_kwargs(args))
+    from coati_relay.algorithms import register
+
+    register("policy_loss", "DetachedPGTrainer")(detached_pg_trainer_loss)
+    result = launch_distributed(**launch_kwargs(args), callbacks=[MetricsWriter(args.metrics_path)])
     print(result.summary)
     return result
 

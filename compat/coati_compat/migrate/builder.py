@@ -20,7 +20,9 @@ class Plan:
     """What the migrated script holds. Code strings read ``args.<flag>`` and the helpers named in ``helpers``.
 
     target: whose ``launch_distributed`` the call is written for (``coati_relay`` or ``colossalchat``);
-    main_prelude: lines ``main()`` runs between parsing the flags and the launch.
+    main_prelude: lines ``main()`` runs between parsing the flags and the launch; main_kwargs: launch keywords
+    ``main()`` adds (objects no YAML holds: hooks); user_code, user_imports: the script's own classes and functions
+    carried over (`coati_compat.migrate.custom_code`) and the imports they need.
     """
 
     script_name: str
@@ -33,6 +35,9 @@ class Plan:
     untranslated: List[str] = field(default_factory=list)
     target: str = "coati_relay"
     main_prelude: List[str] = field(default_factory=list)
+    main_kwargs: Dict[str, str] = field(default_factory=dict)
+    user_code: List[str] = field(default_factory=list)
+    user_imports: List[str] = field(default_factory=list)
 
 
 class MappingContext:

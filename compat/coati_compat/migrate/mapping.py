@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from typing import Any, Dict, List, Optional
 
-from coati_compat.migrate import emitted
+from coati_compat.migrate import custom_mapping, emitted
 from coati_compat.migrate.analyze import ActorCall, LegacyScript
 from coati_compat.migrate.builder import MappingContext, Plan
 from coati_compat.migrate.expressions import args_refs, evaluate, portable_flag_call, source
@@ -35,6 +35,7 @@ class _Mapper(MappingContext):
         map_algorithm(self, maker, trainer)
         map_plugin(self, maker, trainer)
         self._run_length(sizes)
+        custom_mapping.finish(self)
         self._leftover_keywords(maker, trainer)
         self._unused_flags()
         return self.plan
@@ -89,7 +90,10 @@ class _Mapper(MappingContext):
         return repr(sorted((k, ast.dump(v)) for k, v in site.kwargs.items() if k not in skip))
 
     def _custom_classes(self) -> None:
+        carried = custom_mapping.carry_classes(self)
         for c in self.script.custom_classes:
+            if c.name in carried:
+                continue
             if c.kind == "callback":
                 self.note("callbacks", f"the callback class {c.name}({c.base}) is not translated: the engine has "
                                        f"no hooks; read the same numbers from the returned RunResult.history or "
@@ -245,7 +249,7 @@ class _Mapper(MappingContext):
             if site is None:
                 continue
             for key, node in site.kwargs.items():
-                if key in handled:
+                if key in handled or (key == "callbacks" and "callbacks" in self.plan.main_kwargs):
                     continue
                 topic, text = _KEYWORD_NOTES.get(key, ("generation" if site.role == "maker" else "unread", None))
                 if text is None:
@@ -263,7 +267,8 @@ class _Mapper(MappingContext):
 
     def _unused_flags(self) -> None:
         used = set()
-        for code in list(self.plan.kwargs.values()) + ["\n".join(self.plan.prelude)]:
+        p = self.plan
+        for code in list(p.kwargs.values()) + list(p.main_kwargs.values()) + ["\n".join(p.prelude + p.main_prelude)]:
             used |= args_refs(code)
         unused = [f"--{d}" for d in self.script.flags if d not in used]
         if unused:

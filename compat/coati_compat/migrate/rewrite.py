@@ -21,6 +21,7 @@ from coati_compat.migrate import emitted, emitted_colossalchat
 from coati_compat.migrate.analyze import analyze_source, nothing_to_migrate
 from coati_compat.migrate.colossalchat import KWARG_ORDER as COLOSSALCHAT_ORDER
 from coati_compat.migrate.colossalchat import to_colossalchat
+from coati_compat.migrate.custom_mapping import for_colossalchat
 from coati_compat.migrate.four_role import build_four_role_plan, is_four_role
 from coati_compat.migrate.mapping import Plan, build_plan
 from coati_compat.migrate.notes import Note
@@ -194,12 +195,13 @@ def _helpers(plan: Plan) -> List[str]:
 
 def _main(plan: Plan) -> List[str]:
     """``main()``: this engine's, or ColossalChat's with the one import line to change and its Ray start."""
+    extra = "".join(f", {key}={code}" for key, code in plan.main_kwargs.items())
     if plan.target == "coati_relay":
         return ["def main(argv=None):",
                 "    from coati_relay import launch_distributed  # imported here: reading launch_kwargs stays cheap",
                 "",
-                "    args = build_parser().parse_args(argv)",
-                "    result = launch_distributed(**launch_kwargs(args))",
+                "    args = build_parser().parse_args(argv)"] + [f"    {line}".rstrip() for line in plan.main_prelude] + [
+                f"    result = launch_distributed(**launch_kwargs(args){extra})",
                 "    print(result.summary)",
                 "    return result"]
     return ["def main(argv=None):",
@@ -249,11 +251,13 @@ def render(plan: Plan) -> str:
     imports = ["argparse"] + (["csv", "json"] if "write_prompts_jsonl" in plan.helpers else [])
     imports += ["math"] if "round_sizes" in plan.helpers else []
     imports += ["os"] if "write_prompts_jsonl" in plan.helpers else []
-    lines += [f"import {name}" for name in imports if name != "argparse"]
-    lines += ["from typing import Any, Dict", ""]
+    imports += [line.split()[1] for line in plan.user_imports if re.fullmatch(r"import \w+", line)]
+    lines += [f"import {name}" for name in sorted(set(imports)) if name != "argparse"]
+    other = [line for line in plan.user_imports if not re.fullmatch(r"import \w+", line)]
+    lines += ["from typing import Any, Dict", ""] + other + ([""] if other else [])
     for note in sorted(header, key=lambda n: not n.text.startswith("NOT TRANSLATED")):
         lines += note.comment()
-    lines += ["", ""] + _helpers(plan)
+    lines += ["", ""] + _helpers(plan) + plan.user_code
     lines += ["def build_parser() -> argparse.ArgumentParser:",
               f'    parser = argparse.ArgumentParser(description="{stem} on {target}")']
     for flag in plan.legacy_flags + plan.new_flags:
@@ -308,7 +312,7 @@ def migrate_source(text: str, name: str = "legacy_script.py", target: str = "coa
     else:
         raise ValueError(nothing_to_migrate(name))
     if target == "colossalchat":
-        plan = to_colossalchat(plan, script)
+        plan = for_colossalchat(to_colossalchat(plan, script))
     migrated = double_quotes(render(plan))
     compile(migrated, f"<migrated {name}>", "exec")  # the rewriter's own output must always be valid Python
     return Migration(legacy_name=name, script=migrated, notes=plan.notes, untranslated=plan.untranslated,
