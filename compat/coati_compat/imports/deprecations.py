@@ -98,11 +98,13 @@ def _build_table() -> Dict[str, Deprecation]:
         "get_receivers_per_sender": "the engine's rollout queue, which every consumer reads (no routing to compute)",
         "state_dict_to": "coati_relay.exchange.weight_sync, which keeps each tensor's dtype",
     })
-    modules("coati_compat.legacy.callbacks", "the metrics history returned by " + launch,
+    hooks = ("hooks: " + launch.replace("(...)", "(callbacks=[...])") + " (coati_compat.legacy_hooks.LegacyHook "
+             "runs a legacy callback as one)")
+    modules("coati_compat.legacy.callbacks", hooks,
             "coati.ray.callbacks", "coati.ray.callbacks.base", "coati.ray.callbacks.performance_evaluator")
     names("coati.ray.callbacks", "coati_compat.legacy.callbacks", {
-        "TrainerCallback": "the metrics history returned by " + launch,
-        "MakerCallback": "the metrics history returned by " + launch,
+        "TrainerCallback": hooks,
+        "MakerCallback": hooks,
         "TrainerPerformanceEvaluator": "the throughput metrics returned by " + launch,
         "ExperienceMakerPerformanceEvaluator": "the throughput metrics returned by " + launch,
     })

@@ -106,9 +106,15 @@ class _Mapper(MappingContext):
                                   f"with a built-in algorithm (core_algo PPO, GRPO, DAPO, RLOO, REINFORCE_PPB); the "
                                   f"call below uses core_algo='PPO' as the closest stand-in.", c.line)
             elif custom:
+                closest = ("the closest extension points are a registered reward (coati_relay.register_reward) "
+                           "for how experience is scored, an advantage estimator (register_estimator) for how it "
+                           "becomes advantages, and generate_config for sampling" if c.kind == "maker" else
+                           "the closest extension points are a registered policy loss or value loss "
+                           "(coati_relay.algorithms.register) and hooks (launch_distributed(callbacks=[...]))")
                 self.untranslated(f"{c.name}({c.base}) overrides {', '.join(custom)}: custom {c.kind} behaviour "
                                   f"cannot be translated; the engine's built-in "
-                                  f"{'producer' if c.kind == 'maker' else 'consumer'} replaces it.", c.line)
+                                  f"{'producer' if c.kind == 'maker' else 'consumer'} replaces it; {closest} "
+                                  f"(migration_guide/custom_code.md).", c.line)
 
     def _placement(self) -> None:
         opts = sorted({k for site in self.script.makers + self.script.trainers for k in site.options})
