@@ -111,6 +111,7 @@ def test_every_adapted_line_has_a_note():
     assert "    log_probs = logp" in code and not any("backward(" in line or "optim." in line for line in code)
     fixture = re.sub(r"\s*\n\s*#\s*", " ", migrate_file(FIXTURE).script)  # NOTE lines joined
     assert "on_episode_end (legacy line" in fixture and "never called; the closest hook is on_round_end" in fixture
+    assert "def legacy_on_episode_end(self, episode):" in fixture, "renamed: launch_distributed refuses on_* lookalikes"
     assert "the metric 'adv'" in fixture, "a metric without a counterpart is named"
 
 
