@@ -62,8 +62,8 @@ def loss_function_name(class_name: str) -> str:
 class _StepReader:
     """Rewrites the statements of one ``training_step(self, experience)`` onto the policy loss's arguments."""
 
-    def __init__(self, cls: ast.ClassDef, step: ast.FunctionDef, legacy_imports: Dict[str, str]):
-        self.cls, self.step = cls, step
+    def __init__(self, step: ast.FunctionDef, legacy_imports: Dict[str, str]):
+        self.step = step
         self.exp = step.args.args[1].arg if len(step.args.args) > 1 else "experience"
         self.legacy_imports = legacy_imports
         self.loss_name: Optional[str] = None
@@ -159,8 +159,8 @@ class _StepReader:
             elif (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
                   and isinstance(stmt.value, ast.Call) and self._is_self_call(stmt.value)):
                 name = stmt.targets[0].id
-                why = (f"the learner computes the policy's log-probs of the response tokens (logp [B,T], with "
-                       f"grad) before it calls the loss.")
+                why = ("the learner computes the policy's log-probs of the response tokens (logp [B,T], with "
+                       "grad) before it calls the loss.")
                 if name == "logp":
                     dropped.append(f"`{src}` (line {stmt.lineno}): dropped; {why}")
                 else:
@@ -244,7 +244,7 @@ def carry_loss(cls: ast.ClassDef, legacy_imports: Dict[str, str]) -> Tuple[Optio
     step = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "training_step"), None)
     if step is None:
         return None, "it defines no training_step"
-    reader = _StepReader(cls, step, legacy_imports)
+    reader = _StepReader(step, legacy_imports)
     read = reader.read()
     if read is None:
         return None, f"its training_step reads what a policy loss does not get: {reader.problem}"

@@ -200,7 +200,8 @@ def _main(plan: Plan) -> List[str]:
         return ["def main(argv=None):",
                 "    from coati_relay import launch_distributed  # imported here: reading launch_kwargs stays cheap",
                 "",
-                "    args = build_parser().parse_args(argv)"] + [f"    {line}".rstrip() for line in plan.main_prelude] + [
+                "    args = build_parser().parse_args(argv)"] + [
+                f"    {line}".rstrip() for line in plan.main_prelude] + [
                 f"    result = launch_distributed(**launch_kwargs(args){extra})",
                 "    print(result.summary)",
                 "    return result"]
