@@ -34,8 +34,9 @@ def carry_classes(b: MappingContext) -> Set[str]:
             loss, why = carry_loss(class_node(s.tree, c), imports)
             if loss is None:
                 b.untranslated(f"{c.name}({c.base}) defines its own training step, which the rewriter cannot carry "
-                               f"as a loss: {why}. Write it as a registered policy loss (migration_guide/"
-                               f"custom_code.md); the call below uses core_algo='PPO' as the closest stand-in.",
+                               f"as a loss: {why}. Write it as a registered policy loss (with a critic, a value "
+                               f"loss too: migration_guide/custom_code.md); the call below uses core_algo='PPO' as "
+                               f"the closest stand-in.",
                                c.line)
             else:
                 b.carried_loss = loss
