@@ -89,13 +89,13 @@ class MetricsWriter:
 def detached_pg_trainer_loss(logp, old_logp, advantages, mask, num_samples, **options):
     """DetachedPGTrainer.training_step (legacy line 62) as a policy loss, registered as 'DetachedPGTrainer'.
 
-    logp, old_logp, mask: [B,T] (mask 1 on response tokens); advantages: [B,1]; num_samples: samples of
-    the whole optimizer step. Returns (scalar loss, stats).
+    logp, old_logp, mask: [B,T] (mask 1 on response tokens); advantages: [B,1] or [B,T]; num_samples:
+    samples of the whole optimizer step. Returns (scalar loss, stats).
     """
     # NOTE: `self.actor.train()` (line 63): dropped; the learner sets train mode, runs the backward pass, the
     #       optimizer step and zero_grad itself. See migration_guide/rewriter.md#custom-classes
     # NOTE: `num_actions = experience.action_mask.size(1)` (line 64): dropped; nothing reads it once the learner
-    #       computes the log-probs. See migration_guide/rewriter.md#custom-classes
+    #       computes the model's output. See migration_guide/rewriter.md#custom-classes
     # NOTE: `loss.backward()` (line 68): dropped; the learner sets train mode, runs the backward pass, the optimizer
     #       step and zero_grad itself. See migration_guide/rewriter.md#custom-classes
     # NOTE: `self.actor_optim.step()` (line 69): dropped; the learner sets train mode, runs the backward pass, the

@@ -1,7 +1,9 @@
 """The migrated custom trainers run: examples/legacy/custom_trainer.py and a second legacy script
 (tests/unit/compat/legacy_reinforce_learner.py), each migrated and its ``main()`` run on the toy model (transformers
 backend, one round of two optimizer steps). The run trains with the user's loss (registered under the trainer's
-class name, RLOO advantages, no critic) and the carried hook writes the legacy callback's lines."""
+class name, RLOO advantages, no critic) and the carried hook writes the legacy callback's lines. A third script
+(tests/unit/compat/legacy_actor_critic_learner.py) trains a critic too: its migrated run is PPO with the user's
+policy and value losses."""
 from __future__ import annotations
 
 import csv
@@ -66,3 +68,36 @@ def algorithms_name(trainer: str) -> str:
     from coati_compat.migrate.custom_code import loss_function_name
 
     return loss_function_name(trainer)
+
+
+def test_the_migrated_actor_critic_trains_both_models_with_the_users_losses(tiny_model_path, prompts, tmp_path,
+                                                                             ray_cluster):
+    """tests/unit/compat/legacy_actor_critic_learner.py migrated: a PPO run of two rounds whose policy and critic
+    train with the carried losses (registered under the class's name); both end finite and moved."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from coati_relay import algorithms
+
+    legacy = ROOT / "tests" / "unit" / "compat" / "legacy_actor_critic_learner.py"
+    namespace = {"__name__": "migrated_actor_critic"}
+    exec(compile(migrate_file(legacy).script, f"migrated {legacy.name}", "exec"), namespace)  # noqa: S102
+    argv = ["--model_path", str(tiny_model_path), "--prompt_path", str(prompts), "--num_episodes", "2",
+            "--inference_backend", "transformers", "--run_dir", str(tmp_path / "run")]
+    try:
+        result = namespace["main"](argv)
+        assert algorithms.get("policy_loss", "HuberActorCritic") is namespace["huber_actor_critic_loss"]
+        assert algorithms.get("value_loss", "HuberActorCritic") is namespace["huber_actor_critic_value_loss"]
+    finally:
+        algorithms.unregister("policy_loss", "HuberActorCritic")
+        algorithms.unregister("value_loss", "HuberActorCritic")
+    steps = [s for s in result.history if "loss" in s]
+    assert len(steps) == 2 and all(s["grad_norm"] > 0 and s["value_loss"] > 0 for s in steps)
+    assert not any("clip_frac" in s for s in steps), "the built-in ppo_clip logs clip_frac; the user's loss does not"
+    before = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).state_dict()
+    for model, prefix in (("policy", "model."), ("critic", "base.")):  # the critic: the trunk and a value head
+        after = torch.load(Path(result.checkpoints[-1]) / model / "model.pt", map_location="cpu")
+        assert all(bool(torch.isfinite(t).all()) for t in after.values()), model
+        trunk = {k: t for k, t in after.items() if k.startswith(prefix)}
+        moved = [k for k, t in trunk.items() if not torch.equal(before["model." + k[len(prefix):]], t)]
+        assert len(moved) > len(trunk) // 2, f"{model}: only {len(moved)} of {len(trunk)} tensors moved"

@@ -3,7 +3,8 @@
 - A ``DetachedTrainer`` subclass whose ``training_step`` computes a policy-gradient loss becomes a policy loss
   function (`coati_relay.algorithms.registry`'s signature), registered in ``main()`` under the class's name and named
   in ``grpo_config["policy_loss"]``; the run uses RLOO advantages and no critic. Each line that had to change carries
-  a NOTE.
+  a NOTE. A step that also trains a critic (a second loss computed from ``self.critic*(...)``) carries that loss too,
+  as a value loss registered under the same name and named in ``grpo_config["value_loss"]``; that run is PPO.
 - A ``TrainerCallback`` / ``MakerCallback`` subclass becomes a hook class (`coati_relay.callbacks`) passed as
   ``callbacks=[...]``; legacy methods without a moment in the engine stay, with a NOTE naming the closest hook.
 
@@ -22,6 +23,8 @@ from coati_compat.migrate.notes import Note
 
 # Experience fields a policy loss receives, by the loss argument that holds them.
 EXPERIENCE_ARGS = {"action_mask": "mask", "advantages": "advantages", "action_log_probs": "old_logp"}
+# Experience fields a value loss receives, by the loss argument that holds them.
+VALUE_ARGS = {"action_mask": "mask", "values": "old_values", "reward": "returns"}
 # Names a training step may import from the legacy package, and where the migrated script takes them from.
 LEGACY_NAMES = {"masked_mean": "from coati_relay.algorithms import masked_mean"}
 # Legacy callback methods -> (engine hook, its parameters after self).
@@ -52,6 +55,7 @@ class CarriedLoss:
     source: List[str]
     metrics: Dict[str, str]
     imports: Set[str] = field(default_factory=set)
+    value_loss: Optional["CarriedLoss"] = None
 
 
 def loss_function_name(class_name: str) -> str:
@@ -62,10 +66,18 @@ def loss_function_name(class_name: str) -> str:
 class _StepReader:
     """Rewrites the statements of one ``training_step(self, experience)`` onto the policy loss's arguments."""
 
-    def __init__(self, step: ast.FunctionDef, legacy_imports: Dict[str, str]):
+    FIELDS = EXPERIENCE_ARGS
+    OUTPUT = "logp"  # the loss argument that holds the model's output
+    OUTPUT_WHY = ("the learner computes the policy's log-probs of the response tokens (logp [B,T], with grad) before "
+                  "it calls the loss.")
+    SHARE_WHY = ("each batch mean becomes a sum over this micro-batch divided by num_samples (the samples of the "
+                 "whole optimizer step)")
+
+    def __init__(self, step: ast.FunctionDef, legacy_imports: Dict[str, str], value_loss_name: Optional[str] = None):
         self.step = step
         self.exp = step.args.args[1].arg if len(step.args.args) > 1 else "experience"
         self.legacy_imports = legacy_imports
+        self.value_loss_name = value_loss_name  # the critic's loss, carried apart: its metric is the engine's
         self.loss_name: Optional[str] = None
         self.problem: Optional[str] = None
         self.imports: Set[str] = set()
@@ -97,10 +109,10 @@ class _StepReader:
         class Fields(ast.NodeTransformer):
             def visit_Attribute(self, n: ast.Attribute):
                 if isinstance(n.value, ast.Name) and n.value.id == reader.exp:
-                    if n.attr in EXPERIENCE_ARGS:
-                        return ast.Name(id=EXPERIENCE_ARGS[n.attr], ctx=ast.Load())
-                    reader._fail(f"{reader.exp}.{n.attr} (the loss gets {', '.join(EXPERIENCE_ARGS)} of the "
-                                 f"experience, as mask, advantages, old_logp)")
+                    if n.attr in reader.FIELDS:
+                        return ast.Name(id=reader.FIELDS[n.attr], ctx=ast.Load())
+                    reader._fail(f"{reader.exp}.{n.attr} (the loss gets {', '.join(reader.FIELDS)} of the "
+                                 f"experience, as {', '.join(reader.FIELDS.values())})")
                 return self.generic_visit(n)
 
             def visit_Name(self, n: ast.Name):
@@ -113,15 +125,19 @@ class _StepReader:
 
         return Fields().visit(copy.deepcopy(node))
 
+    @staticmethod
+    def _share(mean_of: ast.expr) -> ast.expr:
+        """``X`` of a batch mean ``X.mean()`` -> this micro-batch's share: ``X.sum() / num_samples``."""
+        summed = ast.Call(func=ast.Attribute(value=mean_of, attr="sum", ctx=ast.Load()), args=[], keywords=[])
+        return ast.BinOp(left=summed, op=ast.Div(), right=ast.Name(id="num_samples", ctx=ast.Load()))
+
     @classmethod
     def _mean_to_share(cls, value: ast.expr) -> Optional[ast.expr]:
-        """Each batch mean ``X.mean()`` -> ``X.sum() / num_samples`` in a loss that is a sum of such means (signs,
+        """Each batch mean ``X.mean()`` -> its share (`_share`) in a loss that is a sum of such means (signs,
         constant factors); None for other forms."""
         if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "mean" \
                 and not value.args and not value.keywords:
-            summed = ast.Call(func=ast.Attribute(value=value.func.value, attr="sum", ctx=ast.Load()), args=[],
-                              keywords=[])
-            return ast.BinOp(left=summed, op=ast.Div(), right=ast.Name(id="num_samples", ctx=ast.Load()))
+            return cls._share(value.func.value)
         if isinstance(value, ast.UnaryOp) and isinstance(value.op, (ast.USub, ast.UAdd)):
             inner = cls._mean_to_share(value.operand)
             return None if inner is None else ast.UnaryOp(op=value.op, operand=inner)
@@ -158,23 +174,20 @@ class _StepReader:
                 metrics = self._metrics(stmt, dropped)
             elif (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
                   and isinstance(stmt.value, ast.Call) and self._is_self_call(stmt.value)):
-                name = stmt.targets[0].id
-                why = ("the learner computes the policy's log-probs of the response tokens (logp [B,T], with "
-                       "grad) before it calls the loss.")
-                if name == "logp":
+                name, why = stmt.targets[0].id, self.OUTPUT_WHY
+                if name == self.OUTPUT:
                     dropped.append(f"`{src}` (line {stmt.lineno}): dropped; {why}")
                 else:
-                    kept.append((f"`{src}` (line {stmt.lineno}) -> `{name} = logp`: {why}",
-                                 ast.parse(f"{name} = logp").body[0]))
+                    kept.append((f"`{src}` (line {stmt.lineno}) -> `{name} = {self.OUTPUT}`: {why}",
+                                 ast.parse(f"{name} = {self.OUTPUT}").body[0]))
             elif isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == self.loss_name
                                                       for t in stmt.targets):
                 value = self._experience_fields(stmt.value)
                 share = self._mean_to_share(value)
                 new = ast.Assign(targets=stmt.targets, value=share or value, lineno=stmt.lineno)
                 if share is not None:
-                    note = (f"`{src}` (line {stmt.lineno}): each batch mean becomes a sum over this micro-batch "
-                            f"divided by num_samples (the samples of the whole optimizer step): the learner calls "
-                            f"the loss per micro-batch and adds the results up.")
+                    note = (f"`{src}` (line {stmt.lineno}): {self.SHARE_WHY}: the learner calls the loss per "
+                            f"micro-batch and adds the results up.")
                 else:
                     note = (f"`{src}` (line {stmt.lineno}): kept as written, but the learner calls the loss per "
                             f"micro-batch and adds the results up: make it this micro-batch's share of the batch's "
@@ -212,6 +225,8 @@ class _StepReader:
                       and isinstance(n.value, ast.Name) and n.value.id == self.exp}
             if ok and names == {self.loss_name}:
                 out[key.value] = "loss"
+            elif ok and self.value_loss_name and names == {self.value_loss_name}:
+                out[key.value] = "value_loss"
             elif ok and fields and fields <= REWARD_FIELDS:
                 out[key.value] = "reward"
             else:
@@ -235,36 +250,135 @@ class _StepReader:
             for _, s in unused:
                 original = next(st for st in self.step.body if getattr(st, "lineno", -1) == s.lineno)
                 dropped.append(f"`{ast.unparse(original)}` (line {s.lineno}): dropped; nothing reads it once the "
-                               f"learner computes the log-probs.")
+                               f"learner computes the model's output.")
             kept = [(note, s) for note, s in kept if (note, s) not in unused]
 
 
-def carry_loss(cls: ast.ClassDef, legacy_imports: Dict[str, str]) -> Tuple[Optional[CarriedLoss], Optional[str]]:
-    """The policy loss for a ``DetachedTrainer`` subclass, or (None, why it cannot be carried)."""
-    step = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "training_step"), None)
-    if step is None:
-        return None, "it defines no training_step"
-    reader = _StepReader(step, legacy_imports)
-    read = reader.read()
-    if read is None:
-        return None, f"its training_step reads what a policy loss does not get: {reader.problem}"
-    kept, metrics, dropped = read
-    name = loss_function_name(cls.name)
-    lines = [f"def {name}(logp, old_logp, advantages, mask, num_samples, **options):",
-             f'    """{cls.name}.training_step (legacy line {step.lineno}) as a policy loss, registered as '
-             f'{cls.name!r}.',
-             "",
-             "    logp, old_logp, mask: [B,T] (mask 1 on response tokens); advantages: [B,1]; num_samples: samples of",
-             "    the whole optimizer step. Returns (scalar loss, stats).",
-             '    """']
+class _ValueStepReader(_StepReader):
+    """Rewrites the critic's statements of a training step onto the value loss's arguments."""
+
+    FIELDS = VALUE_ARGS
+    OUTPUT = "values"
+    OUTPUT_WHY = ("the learner computes the critic's values (values [B,T], one per response token, with grad; the "
+                  "legacy critic gave one per sequence, [B]) before it calls the loss.")
+    SHARE_WHY = ("each batch mean becomes a masked sum over this micro-batch's response tokens divided by "
+                 "total_tokens (the valid tokens of the whole optimizer step): a mean over tokens, as the engine's "
+                 "values and returns are per token")
+
+    @staticmethod
+    def _share(mean_of: ast.expr) -> ast.expr:
+        """``X`` of a batch mean ``X.mean()`` -> ``(X * mask).sum() / total_tokens``."""
+        masked = ast.BinOp(left=mean_of, op=ast.Mult(), right=ast.Name(id="mask", ctx=ast.Load()))
+        summed = ast.Call(func=ast.Attribute(value=masked, attr="sum", ctx=ast.Load()), args=[], keywords=[])
+        return ast.BinOp(left=summed, op=ast.Div(), right=ast.Name(id="total_tokens", ctx=ast.Load()))
+
+
+def _reads(stmt: ast.stmt) -> Set[str]:
+    return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def _writes(stmt: ast.stmt) -> Set[str]:
+    return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+def _split_critic(step: ast.FunctionDef) -> Tuple[ast.FunctionDef, Optional[ast.FunctionDef], Optional[str]]:
+    """(the actor's step, the critic's step or None, the critic's loss name or None): with two losses and one of them
+    computed from a ``self.critic*(...)`` call, the statements that only the critic's loss needs (its backward, its
+    optimizer's calls) go to the critic's step; the rest (the return with its metrics) stays."""
+    reader = _StepReader(step, {})
+    losses = [t for t in map(reader._backward_target, step.body) if t]
+
+    def needs(name: str) -> Set[int]:  # indexes of the statements the loss is computed from
+        wanted, out = {name}, set()
+        for i in reversed(range(len(step.body))):
+            stmt = step.body[i]
+            if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and _writes(stmt) & wanted:
+                out.add(i)
+                wanted |= _reads(stmt)
+        return out
+
+    def on_critic(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"
+                   and n.attr.startswith("critic") for n in ast.walk(node))
+
+    critic = next((name for name in losses if any(on_critic(step.body[i]) for i in needs(name))), None)
+    if len(losses) != 2 or critic is None:
+        return step, None, None
+    actor_needs = set().union(*(needs(name) for name in losses if name != critic))
+    mine = {i for i in needs(critic) if i not in actor_needs} | {
+        i for i, stmt in enumerate(step.body) if reader._backward_target(stmt) == critic
+        or (isinstance(stmt, ast.Expr) and reader._is_self_call(stmt.value) and on_critic(stmt))}
+    actor, value = copy.copy(step), copy.copy(step)
+    actor.body = [s for i, s in enumerate(step.body) if i not in mine]
+    value.body = [s for i, s in enumerate(step.body) if i in mine or (i in needs(critic) and i in actor_needs)]
+    return actor, value, critic
+
+
+def value_loss_function_name(class_name: str) -> str:
+    """``HuberActorCritic`` -> ``huber_actor_critic_value_loss``."""
+    return loss_function_name(class_name)[:-len("_loss")] + "_value_loss"
+
+
+def _body(reader: _StepReader, kept, dropped) -> List[str]:
+    lines: List[str] = []
     for text in sorted(dropped, key=lambda t: int(re.search(r"\(line (\d+)\)", t).group(1))):
         lines += Note("custom-classes", text).comment("    ")
     for note, stmt in kept:
         if note:
             lines += Note("custom-classes", note).comment("    ")
         lines += ["    " + line for line in ast.unparse(stmt).splitlines()]
-    lines.append(f"    return {reader.loss_name}, {{}}")
-    return CarriedLoss(cls.name, name, lines, metrics, reader.imports), None
+    return lines
+
+
+def _carry_value_loss(cls: ast.ClassDef, step: ast.FunctionDef, legacy_imports: Dict[str, str]
+                      ) -> Tuple[Optional[CarriedLoss], Optional[str]]:
+    reader = _ValueStepReader(step, legacy_imports)
+    read = reader.read()
+    if read is None:
+        return None, f"its training_step's critic loss reads what a value loss does not get: {reader.problem}"
+    kept, _, dropped = read
+    name = value_loss_function_name(cls.name)
+    lines = [f"def {name}(values, old_values, returns, clip_eps, mask, total_tokens):",
+             f'    """The critic\'s loss of {cls.name}.training_step (legacy line {step.lineno}) as a value loss,',
+             f'    registered as {cls.name!r}.',
+             "",
+             "    values: [B,T] of the critic being trained (with grad); old_values: [B,T] at rollout time (the legacy",
+             "    experience.values); returns: [B,T] targets (in place of the legacy experience.reward); mask: [B,T];",
+             "    clip_eps: value_clip (unused here); total_tokens: valid tokens of the whole optimizer step.",
+             "    Returns a scalar.",
+             '    """']
+    lines += _body(reader, kept, dropped) + [f"    return {reader.loss_name}"]
+    return CarriedLoss(cls.name, name, lines, {}, reader.imports), None
+
+
+def carry_loss(cls: ast.ClassDef, legacy_imports: Dict[str, str]) -> Tuple[Optional[CarriedLoss], Optional[str]]:
+    """The policy loss (and the value loss, where the step trains a critic too) for a ``DetachedTrainer`` subclass,
+    or (None, why it cannot be carried)."""
+    whole = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "training_step"), None)
+    if whole is None:
+        return None, "it defines no training_step"
+    step, critic_step, critic_loss = _split_critic(whole)
+    value = None
+    if critic_step is not None:
+        value, why = _carry_value_loss(cls, critic_step, legacy_imports)
+        if value is None:
+            return None, why
+    reader = _StepReader(step, legacy_imports, critic_loss)
+    read = reader.read()
+    if read is None:
+        return None, f"its training_step reads what a policy loss does not get: {reader.problem}"
+    kept, metrics, dropped = read
+    name = loss_function_name(cls.name)
+    lines = [f"def {name}(logp, old_logp, advantages, mask, num_samples, **options):",
+             f'    """{cls.name}.training_step (legacy line {whole.lineno}) as a policy loss, registered as '
+             f'{cls.name!r}.',
+             "",
+             "    logp, old_logp, mask: [B,T] (mask 1 on response tokens); advantages: [B,1] or [B,T]; num_samples:",
+             "    samples of the whole optimizer step. Returns (scalar loss, stats).",
+             '    """']
+    lines += _body(reader, kept, dropped) + [f"    return {reader.loss_name}, {{}}"]
+    return CarriedLoss(cls.name, name, lines, metrics, reader.imports | (value.imports if value else set()),
+                       value), None
 
 
 def carry_callback(cls: ast.ClassDef, kind_base: str, metrics: Dict[str, str]) -> List[str]:

@@ -1,8 +1,8 @@
 """The rewriter's step for a script's own classes (`coati_compat.migrate.custom_code`): what goes into the plan.
 
 `carry_classes` runs where the mapping meets the custom classes and returns the names it carried; `finish` runs
-after the algorithm is mapped and sets the run up for the carried loss (its name, RLOO advantages, no critic) and
-the hooks (``callbacks=[...]`` in ``main()``).
+after the algorithm is mapped and sets the run up for the carried loss (its name, RLOO advantages, no critic; or, with
+a carried value loss, PPO and its critic) and the hooks (``callbacks=[...]`` in ``main()``).
 """
 from __future__ import annotations
 
@@ -34,8 +34,9 @@ def carry_classes(b: MappingContext) -> Set[str]:
             loss, why = carry_loss(class_node(s.tree, c), imports)
             if loss is None:
                 b.untranslated(f"{c.name}({c.base}) defines its own training step, which the rewriter cannot carry "
-                               f"as a loss: {why}. Write it as a registered policy loss (migration_guide/"
-                               f"custom_code.md); the call below uses core_algo='PPO' as the closest stand-in.",
+                               f"as a loss: {why}. Write it as a registered policy loss (with a critic, a value "
+                               f"loss too: migration_guide/custom_code.md); the call below uses core_algo='PPO' as "
+                               f"the closest stand-in.",
                                c.line)
             else:
                 b.carried_loss = loss
@@ -49,6 +50,8 @@ def carry_classes(b: MappingContext) -> Set[str]:
             carried.add(c.name)
     if b.carried_loss:
         b.plan.user_code += b.carried_loss.source + ["", ""]
+        if b.carried_loss.value_loss:
+            b.plan.user_code += b.carried_loss.value_loss.source + ["", ""]
     b.plan.user_imports += sorted(set(other_imports(s.tree, b.plan.user_code)) | (
         b.carried_loss.imports if b.carried_loss else set()))
     return carried
@@ -58,7 +61,9 @@ def finish(b: MappingContext) -> None:
     """The run of a carried loss (by name, RLOO, no critic) and the hooks of the trainer's and makers' callbacks."""
     loss: Optional[CarriedLoss] = getattr(b, "carried_loss", None)
     p = b.plan
-    if loss is not None:
+    if loss is not None and loss.value_loss is not None:
+        _with_critic(b, loss)
+    elif loss is not None:
         grpo = ast.parse(p.kwargs["grpo_config"], mode="eval").body
         kept = {ast.literal_eval(k): v for k, v in zip(grpo.keys, grpo.values)
                 if ast.literal_eval(k) in ("lr", "ppo_epochs")}
@@ -91,6 +96,33 @@ def finish(b: MappingContext) -> None:
     hooks = _callbacks_code(b)
     if hooks:
         p.main_kwargs["callbacks"] = hooks
+
+
+def _with_critic(b: MappingContext, loss: CarriedLoss) -> None:
+    """The run of a carried policy and value loss: PPO (GAE advantages from the critic) with both named."""
+    p, value = b.plan, loss.value_loss
+    grpo = ast.parse(p.kwargs["grpo_config"], mode="eval").body
+    kept = {ast.literal_eval(k): source(v) for k, v in zip(grpo.keys, grpo.values)}
+    # The legacy trainer's own optimizers: Adam at a constant lr, no weight decay.
+    kept.update(policy_loss=repr(loss.class_name), value_loss=repr(value.class_name), lr_scheduler="'constant'",
+                weight_decay="0.0")
+    p.kwargs["grpo_config"] = "{" + ", ".join(f"{k!r}: {v}" for k, v in kept.items()) + "}"
+    p.kwargs["core_algo"] = '"PPO"'
+    if "critic_model_config" not in p.kwargs:
+        train = ast.parse(p.kwargs["train_model_config"], mode="eval").body
+        path = next(source(v) for k, v in zip(train.keys, train.values) if ast.literal_eval(k) == "path")
+        p.kwargs["critic_model_config"] = f'{{"path": {path}}}'
+    b.note("custom-classes", f"{loss.class_name}.training_step trains an actor and a critic: the actor's loss is "
+                             f"carried as the policy loss {loss.function}, the critic's as the value loss "
+                             f"{value.function} (above), both registered in main() as {loss.class_name!r} and named "
+                             f"in grpo_config['policy_loss'] and ['value_loss']. The run is PPO: the learner trains "
+                             f"the critic (critic_model_config) and calls the value loss with its per-token values; "
+                             f"the advantages are GAE's over the critic's values, and the value loss's returns (the "
+                             f"legacy experience.reward) are GAE's returns, per token. Both optimizers are Adam at "
+                             f"a constant lr without weight decay, as the trainer's own were.", key="core_algo")
+    p.main_prelude += ["from coati_relay.algorithms import register", "",
+                       f"register(\"policy_loss\", {loss.class_name!r})({loss.function})",
+                       f"register(\"value_loss\", {value.class_name!r})({value.function})"]
 
 
 def _callbacks_code(b: MappingContext) -> Optional[str]:
