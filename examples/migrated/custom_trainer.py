@@ -113,9 +113,10 @@ def detached_pg_trainer_loss(logp, old_logp, advantages, mask, num_samples, **op
     #       fields are the loss's arguments. See migration_guide/rewriter.md#custom-classes
     seq_log_probs = masked_mean(log_probs, mask, dim=1)
     # NOTE: `loss = -(experience.advantages.squeeze(-1) * seq_log_probs).mean()` (line 67): each batch mean becomes
-    #       a sum over this micro-batch divided by num_samples (the samples of the whole optimizer step): the
-    #       learner calls the loss per micro-batch and adds the results up. See
-    #       migration_guide/rewriter.md#custom-classes
+    #       a sum over this micro-batch divided by num_samples (the samples of the whole optimizer step); that is
+    #       the legacy mean only where the tensor holds one value per sample ([B]): a mean over a [B,T] tensor needs
+    #       its tokens averaged first (masked mean over dim 1): the learner calls the loss per micro-batch and adds
+    #       the results up. See migration_guide/rewriter.md#custom-classes
     loss = -((advantages.squeeze(-1) * seq_log_probs).sum() / num_samples)
     return loss, {}
 

@@ -71,7 +71,8 @@ class _StepReader:
     OUTPUT_WHY = ("the learner computes the policy's log-probs of the response tokens (logp [B,T], with grad) before "
                   "it calls the loss.")
     SHARE_WHY = ("each batch mean becomes a sum over this micro-batch divided by num_samples (the samples of the "
-                 "whole optimizer step)")
+                 "whole optimizer step); that is the legacy mean only where the tensor holds one value per sample "
+                 "([B]): a mean over a [B,T] tensor needs its tokens averaged first (masked mean over dim 1)")
 
     def __init__(self, step: ast.FunctionDef, legacy_imports: Dict[str, str], value_loss_name: Optional[str] = None):
         self.step = step
