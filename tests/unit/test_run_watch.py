@@ -8,11 +8,11 @@ import warnings
 from pathlib import Path
 
 import pytest
+from small_run import small_run_kwargs
 
 from coati_relay.config.build import ConfigError, build_run_config
 from coati_relay.observe.metrics import ProgressBar
 from coati_relay.observe.run_result import RunResult
-from small_run import small_run_kwargs
 
 LINE = re.compile(r"GRPO toy: step (\d+)/3 reward=0\.500 loss=0\.012 kl=1\.5e-05 samples/s=41\.3 eta=\d+:\d\d:\d\d$")
 
