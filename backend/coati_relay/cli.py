@@ -167,7 +167,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("coati_relay.observe.metrics").setLevel(logging.INFO)  # progress lines when stdout is no terminal
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "demo":

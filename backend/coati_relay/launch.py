@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from coati_relay.cluster.environ import restore_environ
@@ -120,8 +122,31 @@ def run(cfg: RunConfig) -> RunResult:
         result = run_colocated(cfg, start_round, hooks)
     else:
         result = _run_disaggregated(cfg, hooks)
+    result.export_dir = export_final(cfg, result)
+    if cfg.progress:
+        print(result.report(), file=sys.stderr, flush=True)
     hooks.run_end(result)
     return result
+
+
+def export_final(cfg: RunConfig, result: RunResult) -> Optional[Path]:
+    """Exports the run's last checkpoint to ``cfg.checkpointing.export_dir`` (replacing an earlier export there) and
+    returns that directory; None where the run exports nothing. Every run saves at its end (the last episode's last
+    round, or the step a callback stopped at), so the last checkpoint holds the final policy."""
+    out = cfg.checkpointing.export_dir
+    if out is None:
+        return None
+    if not result.checkpoints or not Path(result.checkpoints[-1]).is_dir():
+        log.warning("no checkpoint on this machine to export to %s (the run saved %s); export it where it was saved "
+                    "with `coati-relay export`", out, result.checkpoints[-1] if result.checkpoints else "none")
+        return None
+    import shutil
+
+    from coati_relay.export import export_checkpoint
+
+    if out.is_dir():  # an earlier export (the config's check): the new one replaces it
+        shutil.rmtree(out)
+    return export_checkpoint(result.checkpoints[-1], out)
 
 
 def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
@@ -135,7 +160,7 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
     from coati_relay.exchange.queue import make_rollout_queue
     from coati_relay.exchange.weight_store import make_weight_store
     from coati_relay.observe.evaluation import EVAL_KIND, EvalAggregator, training_records
-    from coati_relay.observe.metrics import MetricsLogger, ProgressBar, run_summary
+    from coati_relay.observe.metrics import MetricsLogger, ProgressBar, round_numbers, run_summary
     from coati_relay.observe.trackers import open_run_trackers
     from coati_relay.roles.consumer import ConsumerWorker
     from coati_relay.roles.producer import ProducerWorker
@@ -183,7 +208,7 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
         setup_s = time.perf_counter() - t_start
         logger = MetricsLogger(cfg.checkpointing.run_dir, drop_after=start_round if start_round else None,
                                trackers=open_run_trackers(cfg))
-        bar = ProgressBar(cfg.total_rounds, desc=f"{cfg.core_algo} {cfg.project_name}", enabled=cfg.progress)
+        bar = ProgressBar.for_run(cfg, start_round)
         run_refs = {c.run.remote(): c for c in consumers}
         run_refs.update({p.run.remote(): p for p in producers})
 
@@ -200,8 +225,7 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
                     on_evaluated(*done)
                 return
             history.append(rec)
-            numbers = {k: v for k, v in rec.items()  # clock times (``*_at``) stay in the history only
-                       if k not in ("step", "time") and not k.endswith("_at") and isinstance(v, (int, float))}
+            numbers = round_numbers(rec)
             record = logger.log(int(rec["step"]), numbers)
             bar.update(int(rec["step"]) - 1, numbers)
             stop = hooks.round_end(int(rec["step"]), record, rec.get("checkpoint"))

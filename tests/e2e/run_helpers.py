@@ -22,7 +22,7 @@ def run_kwargs(model, data, run_dir, algo="GRPO", backend="vllm", rounds=12, **o
         grpo_config={"lr": 5e-3, "critic_lr": 5e-3, "beta": 0.0, "kl_coef": 0.0, "reward_fn_type": "toy_letter",
                      "lr_scheduler": "constant"},
         plugin_config={"plugin": "ddp"}, inference_backend=backend, num_generations=group, core_algo=algo,
-        run_dir=str(run_dir), save_interval=1000, progress=False, timeout_s=120,
+        run_dir=str(run_dir), save_interval=1000, progress=False, timeout_s=120, export_dir=False,
     )
     kw.update(over)
     return kw

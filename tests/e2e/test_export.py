@@ -49,7 +49,7 @@ def _trained_policy(model_path, step_dir, lora=None):
 @pytest.fixture(scope="module")
 def grpo_run(tiny_model_path, tmp_path_factory):
     """A colocated GRPO run of 3 one-round episodes on the toy task: a checkpoint after each (ColossalChat's
-    cadence saves at every episode's end)."""
+    cadence saves at every episode's end), and the default export of the last one to ``run/hf_model``."""
     from run_helpers import run_kwargs
 
     from coati_relay import launch_distributed
@@ -59,10 +59,18 @@ def grpo_run(tiny_model_path, tmp_path_factory):
     data = write_toy_dataset(root / "toy.jsonl", num_prompts=8)
     kw = run_kwargs(tiny_model_path, data, root / "run", "GRPO", "transformers", rounds=3, num_producers=1,
                     num_consumer_procs=1, inference_batch_size=8, train_batch_size=8, save_interval=2,
-                    colocate=True)
+                    colocate=True, export_dir=True)
     result = launch_distributed(**kw)
     assert [Path(c).name for c in result.checkpoints] == ["step-000001", "step-000002", "step-000003"]
+    assert result.export_dir == root / "run" / "hf_model"
     return root / "run"
+
+
+def test_a_run_exports_its_final_policy_at_the_end(grpo_run, tiny_model_path):
+    out = grpo_run / "hf_model"
+    assert json.loads((out / EXPORT_FILE).read_text())["step"] == 3
+    policy = _trained_policy(tiny_model_path, grpo_run / "checkpoints" / "step-000003")
+    assert _greedy(_from_pretrained(out)) == _greedy(policy.unwrapped())
 
 
 def test_export_of_a_run_dir_takes_its_latest_checkpoint(grpo_run, tiny_model_path, tmp_path):

@@ -102,15 +102,15 @@ def test_read_metrics_errors(tmp_path, caplog):
 # ---------------------------------------------------------------- progress bar
 
 
-def test_progress_bar_logs_when_not_a_tty(caplog):
-    caplog.set_level(logging.INFO, logger="coati_relay.observe.metrics")
-    bar = ProgressBar(total_steps=7, desc="grpo", log_every=3, file=io.StringIO())
-    assert bar.mode == "log"
+def test_progress_bar_writes_a_line_per_step_when_not_a_tty():
+    out = io.StringIO()
+    bar = ProgressBar(total_steps=7, desc="grpo", file=out)
+    assert bar.mode == "line"
     for step in range(7):
         bar.update(step, {"reward": 0.12345, "samples_per_s": 42.0})
     bar.close()
-    lines = [r.getMessage() for r in caplog.records if r.name == "coati_relay.observe.metrics"]
-    assert lines == [f"grpo: step {k}/7 reward=0.123 samples/s=42.000" for k in (3, 6, 7)]
+    lines = [line.rsplit(" eta=", 1)[0] for line in out.getvalue().splitlines()]
+    assert lines == [f"grpo: step {k}/7 reward=0.123 samples/s=42.0" for k in range(1, 8)]
 
 
 def test_progress_bar_forced_and_disabled(caplog):

@@ -294,10 +294,11 @@ def _data(errors: List[str], tdc: Dict[str, Any], tokenizer_path: str, prompts_p
 
 
 def build_run_config(
-    num_producers: int, num_proc_per_producer: int, num_consumer_procs: int, num_episodes: int,
+    *, num_producers: int, num_proc_per_producer: int, num_consumer_procs: int, num_episodes: int,
     inference_batch_size: int, inference_microbatch_size: int, train_batch_size: int, train_minibatch_size: int,
-    train_dataset_config: Dict[str, Any], inference_model_config: Dict[str, Any], generate_config: Dict[str, Any],
-    train_model_config: Dict[str, Any], grpo_config: Dict[str, Any], plugin_config: Dict[str, Any],
+    train_dataset_config: Dict[str, Any], generate_config: Dict[str, Any], grpo_config: Dict[str, Any],
+    plugin_config: Dict[str, Any], inference_model_config: Optional[Dict[str, Any]] = None,
+    train_model_config: Optional[Dict[str, Any]] = None,
     tokenizer_config: Optional[Dict[str, Any]] = None, inference_backend: str = "transformers",
     num_generations: int = 8, core_algo: str = "GRPO", project_name: Optional[str] = None,
     save_interval: int = 100, save_dir: Optional[str] = "./model", n_behind: int = 0,
@@ -310,7 +311,7 @@ def build_run_config(
     report_to: Optional[List[str]] = None, callbacks: Optional[List[Any]] = None,
     eval_dataset_config: Optional[Dict[str, Any]] = None, eval_interval: int = 100, eval_save_dir: Optional[str] = None,
     eval_generation_config: Optional[Dict[str, Any]] = None, log_rollout_interval: Optional[int] = 20,
-    rollout_save_dir: Optional[str] = None, **ignored: Any,
+    rollout_save_dir: Optional[str] = None, export_dir: Any = True, **ignored: Any,
 ) -> RunConfig:
     """Checks every launch parameter and the constraints between them; raises one `ConfigError` listing all.
 
@@ -355,6 +356,8 @@ def build_run_config(
                        train_batch_size, train_minibatch_size, num_generations, grpo)
     sampling = build_sampling(errors, gen, grpo, roles.inference_backend, core_algo, _prompt_tokens(tdc))
     algo = build_algorithm(errors, core_algo, grpo, batches.num_generations)
+    if colocate is True and not imc.get("path") and tmc.get("path"):  # one policy: its path once is enough
+        imc["path"] = tmc["path"]
     models = build_models(errors, roles, imc, tmc, tokc, critic_cfg, rm_cfg, core_algo,
                           None if algo is None else algorithms.spec(core_algo).needs_critic, differences, cuda)
     reward = _reward(errors, grpo, rm_cfg)
@@ -368,7 +371,8 @@ def build_run_config(
     if max_norm is not None and algo is not None and algo.max_grad_norm is None:
         algo = replace(algo, max_grad_norm=max_norm)
     name, checkpointing = _run_settings(errors, seed, progress, project_name, save_interval, run_dir, save_dir,
-                                        resume_from, tmc.get("checkpoint_path"), imc.get("checkpoint_path"))
+                                        resume_from, tmc.get("checkpoint_path"), imc.get("checkpoint_path"),
+                                        export_dir)
     data = _data(errors, tdc, models.tokenizer_path, batches.inference_batch_size * roles.num_producers,
                  models.tokenizer_kwargs)
     evaluation = build_evaluation(errors, eval_dataset_config, eval_interval, eval_save_dir, eval_generation_config,
@@ -420,7 +424,7 @@ def _report_to(errors: List[str], report_to: Any) -> Tuple[str, ...]:
 
 def _run_settings(errors: List[str], seed: Any, progress: Any, project_name: Any, save_interval: int, run_dir: Any,
                   save_dir: Any, resume_from: Any, checkpoint_path: Any,
-                  inference_checkpoint_path: Any = None) -> Tuple[str, Checkpointing]:
+                  inference_checkpoint_path: Any = None, export_dir: Any = None) -> Tuple[str, Checkpointing]:
     """The run's name and where it writes and resumes from.
 
     ``project_name``: the trackers' project as given (ColossalChat's W&B project); the default run directory is
@@ -465,7 +469,32 @@ def _run_settings(errors: List[str], seed: Any, progress: Any, project_name: Any
     sd = Path(save_dir) if isinstance(save_dir, (str, os.PathLike)) and str(save_dir) else rd
     resume = next(iter(given.values()), None)
     return name, Checkpointing(save_interval=save_interval, run_dir=rd, save_dir=sd,
-                               resume_from=None if resume is None else str(resume))
+                               resume_from=None if resume is None else str(resume),
+                               export_dir=_export_dir(errors, export_dir, rd))
+
+
+def _export_dir(errors: List[str], export_dir: Any, run_dir: Path) -> Optional[Path]:
+    """Where the run exports its final policy: True: ``run_dir/hf_model``; a path: there; False or None: nowhere.
+    A directory there must be empty or an earlier export (which the new one replaces)."""
+    if export_dir is True:
+        out = run_dir / "hf_model"
+    elif export_dir is None or export_dir is False:
+        return None
+    elif isinstance(export_dir, (str, os.PathLike)) and str(export_dir):
+        out = Path(export_dir)
+    else:
+        errors.append(f"export_dir must be True (run_dir/hf_model), a directory path, or False/None (no export), "
+                      f"got {export_dir!r}")
+        return None
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        from coati_relay.export import EXPORT_FILE  # an earlier export holds it
+
+        if out.is_dir() and (out / EXPORT_FILE).is_file():
+            return out
+        errors.append(f"export_dir={str(out)!r} exists and is neither empty nor an earlier export; pass a new "
+                      f"directory or export_dir=False")
+        return None
+    return out
 
 
 def _ship(errors: List[str], reward: Any, core_algo: str, reward_model: bool,

@@ -128,7 +128,10 @@ LAUNCH_KEYWORDS: Dict[str, Tuple[str, str]] = {
     "on_producer_failure": (EXT, "'fail' (a dead producer ends the run) or 'continue' (its tasks go to the others)"),
     "timeout_s": (EXT, "seconds any blocking wait may take before the run fails, naming what it waited for"),
     "seed": (EXT, "seeds sampling, data order and initialisation"),
-    "progress": (EXT, "show a progress bar (progress lines when stdout is not a terminal)"),
+    "progress": (EXT, "show a progress bar on a terminal, otherwise one line per step on stderr (step, reward, loss, "
+                      "KL, samples/s, ETA), and a summary at the end; False: silent"),
+    "export_dir": (EXT, "where the final policy is exported as a Hugging Face model (save_pretrained); default "
+                        "True: run_dir/hf_model; False or None: no export"),
     "weight_sync": (EXT, "'object_store' (one copy per version, fetched by each producer) or 'collective' (a gloo "
                          "broadcast from consumer rank 0)"),
     "placement_strategy": (EXT, "the Ray placement group's strategy: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD"),

@@ -178,6 +178,7 @@ class Checkpointing:
     run_dir: Path
     save_dir: Path
     resume_from: Optional[str]
+    export_dir: Optional[Path] = None  # the final checkpoint's Hugging Face export (None: none)
 
 
 @dataclass(frozen=True)

@@ -139,44 +139,71 @@ def _fmt_number(value: float) -> str:
     return f"{value:.3f}"
 
 
-class ProgressBar:
-    """A driver-side progress bar over training steps, showing the step, the reward and samples/s.
+_PROGRESS_FIELDS = (("reward", "reward"), ("loss", "loss"), ("kl", "kl"), ("samples_per_s", "samples/s"))
 
-    On a terminal it is a tqdm bar. When ``file`` is not a terminal (CI logs, notebooks' captured output) the bar is
-    off and a line goes to `logging` every ``log_every`` steps instead, unless ``force_bar`` asks for the bar anyway.
-    ``enabled=False`` silences both.
+
+def _fmt_eta(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class ProgressBar:
+    """A driver-side progress display over training steps: the step, reward, loss, KL (where the run has it),
+    samples/s and the time left.
+
+    On a terminal it is a tqdm bar with those fields. Otherwise (CI logs, captured output, a file) it writes one line
+    per step to ``file`` (stderr by default), whatever the logging set-up, e.g.
+    ``GRPO toy: step 3/10 reward=0.500 loss=0.012 kl=0.001 samples/s=41.3 eta=0:00:21``. ``force_bar`` asks
+    for the bar anyway; ``enabled=False`` silences both.
     """
 
     def __init__(self, total_steps: int, desc: str = "train", enabled: bool = True, force_bar: bool = False,
-                 log_every: int = 10, file: Optional[TextIO] = None):
+                 file: Optional[TextIO] = None, first_step: int = 0):
         if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
             raise ValueError(f"ProgressBar: total_steps must be a positive int, got {total_steps!r}")
-        if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
-            raise ValueError(f"ProgressBar: log_every must be a positive int, got {log_every!r}")
-        self.total_steps, self.desc, self.log_every = total_steps, desc, log_every
-        file = sys.stderr if file is None else file
-        is_tty = bool(getattr(file, "isatty", lambda: False)())
-        self.mode = "off" if not enabled else ("bar" if is_tty or force_bar else "log")
+        self.total_steps, self.desc = total_steps, desc
+        self.file = sys.stderr if file is None else file
+        is_tty = bool(getattr(self.file, "isatty", lambda: False)())
+        self.mode = "off" if not enabled else ("bar" if is_tty or force_bar else "line")
+        self._start, self._first = time.monotonic(), first_step  # for the ETA: steps done here, time taken
         self._bar = None
         if self.mode == "bar":
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=total_steps, desc=desc, file=file, unit="step", dynamic_ncols=True)
+            self._bar = tqdm(total=total_steps, initial=first_step, desc=desc, file=self.file, unit="step",
+                             dynamic_ncols=True)
+
+    @classmethod
+    def for_run(cls, cfg: Any, first_step: int = 0) -> "ProgressBar":
+        """The progress display of a run (`coati_relay.config.schema.RunConfig`) resumed at ``first_step``."""
+        return cls(cfg.total_rounds, desc=f"{cfg.core_algo} {cfg.project_name}", enabled=cfg.progress,
+                   first_step=first_step)
+
+    def fields(self, done: int, metrics: Optional[Mapping[str, Any]]) -> Dict[str, str]:
+        """The shown fields after ``done`` steps: the metrics present and finite, and the ETA (line mode)."""
+        shown = {}
+        for key, label in _PROGRESS_FIELDS:
+            value = None if metrics is None else metrics.get(key)
+            if value is not None and math.isfinite(float(value)):
+                shown[label] = f"{float(value):.1f}" if key == "samples_per_s" else _fmt_number(float(value))
+        if self.mode == "line" and done > self._first:
+            rate = (time.monotonic() - self._start) / (done - self._first)
+            shown["eta"] = _fmt_eta(rate * (self.total_steps - done))
+        return shown
 
     def update(self, step: int, metrics: Optional[Mapping[str, Any]] = None) -> None:
         """Shows that step ``step`` (counting from 0) has finished: ``step + 1`` of ``total_steps`` are done."""
+        if self.mode == "off":
+            return
         done = min(int(step) + 1, self.total_steps)
-        shown = {}
-        for key, label in (("reward", "reward"), ("samples_per_s", "samples/s")):
-            if metrics is not None and metrics.get(key) is not None:
-                shown[label] = _fmt_number(float(metrics[key]))
+        shown = self.fields(done, metrics)
         if self.mode == "bar":
             self._bar.n = done
             self._bar.set_postfix(shown, refresh=False)
             self._bar.refresh()
-        elif self.mode == "log" and (done % self.log_every == 0 or done == self.total_steps):
-            logger.info("%s: step %d/%d %s", self.desc, done, self.total_steps,
-                        " ".join(f"{k}={v}" for k, v in shown.items()))
+        else:
+            print(f"{self.desc}: step {done}/{self.total_steps} " + " ".join(f"{k}={v}" for k, v in shown.items()),
+                  file=self.file, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:
@@ -188,6 +215,13 @@ class ProgressBar:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def round_numbers(record: Mapping[str, Any]) -> Dict[str, Any]:
+    """The numbers of a consumer's round record that go to ``metrics.jsonl`` and the progress display: clock times
+    (``*_at``), ``step``, ``time`` and non-numbers stay in the history only."""
+    return {k: v for k, v in record.items()
+            if k not in _RESERVED and not k.endswith("_at") and isinstance(v, (int, float))}
 
 
 def summary_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:

@@ -33,3 +33,22 @@ class RunResult:
     # (empty in a colocated run, which has no Ray nodes)
     stopped_early: bool = False  # a callback raised StopRun (`coati_relay.callbacks`)
     stopped_at: Optional[int] = None  # the step it stopped at, where its last checkpoint is
+    export_dir: Optional[Path] = None  # the final policy as a Hugging Face model directory (None: not exported)
+
+    def report(self) -> str:
+        """A short end-of-run table: run directory, steps, reward start -> end, wall time, checkpoints, export."""
+        s = self.summary
+
+        def num(v: Any) -> str:  # three decimals, three significant digits below 0.01
+            return "-" if v is None else f"{v:.3g}" if v and abs(v) < 1e-2 else f"{v:.3f}"
+
+        wall = s.get("wall_s")
+        rows = [("run dir", str(self.run_dir)), ("steps", str(s.get("steps", len(self.history)))),
+                ("reward", f"{num(s.get('reward_start'))} -> {num(s.get('reward_end'))}"),
+                ("wall time", "-" if wall is None else f"{wall:.1f}s (+{self.setup_s:.1f}s set-up)")]
+        if self.checkpoints:
+            rows.append(("checkpoints", f"{Path(self.checkpoints[-1]).parent} (latest: "
+                                        f"{Path(self.checkpoints[-1]).name})"))
+        rows.append(("exported model", "-" if self.export_dir is None else str(self.export_dir)))
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)

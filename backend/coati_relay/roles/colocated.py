@@ -105,7 +105,7 @@ def run_colocated(cfg: RunConfig, start_round: int, hooks: Any = None) -> Any:
 def _run(cfg: RunConfig, start_round: int, hooks: Any) -> Any:
     from coati_relay.callbacks import Hooks
     from coati_relay.observe.evaluation import eval_metrics, training_records
-    from coati_relay.observe.metrics import MetricsLogger, ProgressBar, run_summary
+    from coati_relay.observe.metrics import MetricsLogger, ProgressBar, round_numbers, run_summary
     from coati_relay.observe.run_result import RunResult
     from coati_relay.observe.trackers import open_run_trackers
     from coati_relay.roles.consumer import ConsumerWorker
@@ -137,7 +137,7 @@ def _run(cfg: RunConfig, start_round: int, hooks: Any) -> Any:
     setup_s = time.perf_counter() - t_start
     logger = MetricsLogger(cfg.checkpointing.run_dir, drop_after=start_round if start_round else None,
                            trackers=open_run_trackers(cfg))
-    bar = ProgressBar(cfg.total_rounds, desc=f"{cfg.core_algo} {cfg.project_name}", enabled=cfg.progress)
+    bar = ProgressBar.for_run(cfg, start_round)
     history: List[Dict[str, Any]] = []
     counters = {"produced": 0, "consumed": 0, "dropped": 0, "in_flight": 0, "produced_samples": 0,
                 "consumed_samples": 0}
@@ -162,8 +162,7 @@ def _run(cfg: RunConfig, start_round: int, hooks: Any) -> Any:
                 counters[key] += len(made)
                 counters[f"{key}_samples"] += prompts
             history.append(metrics)
-            numbers = {k: v for k, v in metrics.items()  # clock times (``*_at``) stay in the history only
-                       if k not in ("step", "time") and not k.endswith("_at") and isinstance(v, (int, float))}
+            numbers = round_numbers(metrics)
             record = logger.log(int(metrics["step"]), numbers)
             bar.update(int(metrics["step"]) - 1, numbers)
             if hooks.round_end(int(metrics["step"]), record, metrics.get("checkpoint")):
