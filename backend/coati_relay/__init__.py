@@ -11,13 +11,13 @@ Hooks: ``callbacks=[...]`` (`coati_relay.callbacks`), `StopRun` to end a run ear
 hook fails. `build_tiny_model` writes a tiny local model for trying things out.
 
 Names load on first use, so that `import coati_relay` stays cheap (torch, transformers and Ray are imported only
-by what needs them). Importing it filters a few known third-party warnings (`coati_relay.quiet_warnings`).
+by what needs them). Importing it filters a few known third-party warnings (`coati_relay.observe.quiet_warnings`).
 """
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from coati_relay import quiet_warnings  # noqa: E402  (known third-party noise, `coati_relay.quiet_warnings`)
+from coati_relay.observe import quiet_warnings  # noqa: E402  (known third-party noise)
 
 quiet_warnings.install()
 

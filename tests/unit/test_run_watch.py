@@ -56,8 +56,8 @@ def test_terminal_bar_shows_the_same_fields(tmp_path):
 
 
 def test_known_third_party_warnings_are_filtered_ours_are_not():
-    from coati_relay import quiet_warnings
     from coati_relay.config.build import HostDifferenceWarning
+    from coati_relay.observe import quiet_warnings
 
     noise = [("Please install the latest tensornvme to use async save. pip install git+https://github.com/hpcaitech/"
               "TensorNVMe.git", UserWarning, "colossalai.utils.safetensors"),

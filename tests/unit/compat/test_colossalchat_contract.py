@@ -106,7 +106,7 @@ MODEL_KEYS = ("path", "checkpoint_path")
 ENGINE_EXTENSIONS = {"critic_model_config": "PPO's critic", "reward_model_config": "a reward model",
                      "run_dir": "metrics and checkpoints", "report_to": "trackers besides metrics.jsonl"}
 ENGINE_SECTION_EXTENSIONS = {
-    "grpo_config": ("critic_lr", "kl_coef", "value_clip", "ppo_epochs"),
+    "grpo_config": ("critic_lr", "kl_coef", "value_clip", "ppo_epochs", "lr_scheduler", "policy_loss", "value_loss"),
     "generate_config": ("max_new_tokens",),  # vLLM's max_tokens under transformers' name
     "train_model_config": ("lora",),
     "plugin_config": ("plugin", "allow_cpu_fallback", "stage", "shard_param_frac", "offload_optim_frac",
@@ -213,7 +213,10 @@ def test_default_target_binds_with_listed_extensions(legacy):
     engine_stub().bind(**kw)
     extensions = sorted(set(kw) - {name for name, _ in LAUNCH_PARAMETERS})
     assert set(extensions) <= set(ENGINE_EXTENSIONS), extensions
-    assert kw["core_algo"] == "PPO", "PPO with a critic stays this engine's: an extension of core_algo's values"
+    # PPO with a critic stays this engine's (an extension of core_algo's values); a carried policy-gradient loss
+    # without a critic (custom_trainer.py's) trains on RLOO's leave-one-out baseline instead
+    expected = "RLOO" if legacy.stem == "custom_trainer" else "PPO"
+    assert kw["core_algo"] == expected, f"{legacy.name}: core_algo {kw['core_algo']!r}, expected {expected!r}"
     backend = kw["inference_backend"]
     sections = {"generate_config": GENERATE_KEYS[backend], "grpo_config": GRPO_READ,
                 "plugin_config": HYBRID_PARALLEL_KEYS, "train_model_config": MODEL_KEYS,
