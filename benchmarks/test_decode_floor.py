@@ -9,9 +9,13 @@ runs each benchmark once on the tiny model with 8 new tokens.
   the prompt and half the response (the mean context of a response), without gradient.
 - ``transformers-generate``: the same model's ``generate`` (sampling, its dynamic cache), per new token.
 - ``backend``: `TransformersBackend.around` the same module (`coati_relay.inference.decode_loop`), per new token.
+- ``backend-compiled``: the same with ``compiled_decode`` (`coati_relay.inference.captured_decode`), per new token;
+  ``compile_s``: its first call's first step (the compilation, paid once per process and shape bucket, in the
+  warm-up round and not in the timed ones).
 - ``vllm``: `VLLMBackend` on the same checkpoint, per new token.
-The generators' per-token times are a whole call (prefill included) over the new tokens. vLLM is skipped where it
-is missing, and in the smoke run, whose few seconds its start-up does not fit.
+The generators' per-token times are a whole call (prefill included) over the new tokens. vLLM and the compiled
+backend are skipped in the smoke run, whose few seconds their start-up or compilation does not fit, and vLLM where
+it is missing.
 
 Each generator's test measures the floor again in the same process and records ``x_floor``, its per-token time over
 the floor: a same-run ratio, which a busy host distorts less than the times themselves. ``load_average`` (1 minute)
@@ -128,14 +132,14 @@ def _record(figures: Dict, per_token_s: float, floor_s: float) -> None:
                    load_average=os.getloadavg()[0])
 
 
-@pytest.mark.parametrize("side", ["floor", "transformers-generate", "backend", "vllm"])
+@pytest.mark.parametrize("side", ["floor", "transformers-generate", "backend", "backend-compiled", "vllm"])
 def test_decode_per_token(benchmark, figures, work_setting, side):
     benchmark.group = "decode-per-token"
     w = work_setting
     if side == "vllm" and importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed")
-    if side == "vllm" and w.smoke:
-        pytest.skip("vLLM's start-up (tens of seconds) does not fit the smoke run")
+    if side in ("vllm", "backend-compiled") and w.smoke:
+        pytest.skip(f"{side}'s start-up (tens of seconds) does not fit the smoke run")
     ids, mask, rows = _batch(w)
     tokens: List[int] = []
     if side == "floor":
@@ -155,10 +159,11 @@ def test_decode_per_token(benchmark, figures, work_setting, side):
             tokens.append(out.size(1) - ids.size(1))
         per_call_tokens = w.new_tokens
     else:
-        if side == "backend":
+        if side.startswith("backend"):
             from coati_relay.inference import TransformersBackend
 
-            backend = TransformersBackend.around(w.model, w.path, w.sampling)
+            backend = TransformersBackend.around(w.model, w.path, w.sampling,
+                                                 compiled_decode=side == "backend-compiled")
         else:
             from coati_relay.inference import VLLMBackend
 
@@ -177,6 +182,8 @@ def test_decode_per_token(benchmark, figures, work_setting, side):
         stats = getattr(benchmark, "stats", None)
         elapsed = stats.stats.median if stats is not None else _median_s(lambda: run(w), 1)
         _record(figures, elapsed / per_call_tokens, one_step_floor(w))
+    if side == "backend-compiled":
+        figures["compile_s"] = sum(backend.captured.compile_s.values())
     if side == "vllm":
         backend.close()
 

@@ -1,0 +1,143 @@
+"""The transformers backend's captured decode path (``compiled_decode``): one compiled one-token step replayed over a
+static key/value cache, sampling inside the step, finished rows masked instead of dropped.
+
+A `CapturedDecoder` belongs to one backend and keeps, per shape bucket (batch rows, cache capacity rounded up to
+`CAPACITY_STEP`), a transformers ``StaticCache`` and the step's buffers; the step is one ``torch.compile`` of
+`CapturedDecoder._step` (inductor on the CPU, CUDA graphs through ``mode="reduce-overhead"`` on CUDA), so a bucket
+compiles once per process and later rounds replay it. Weight loads copy into the parameters in place
+(`TransformersBackend.load_weights`), so they do not recompile.
+
+Draws are those of `coati_relay.inference.decode_loop.TokenSampler`: the exponential noise [rows, V] is drawn
+eagerly (the same random stream as the loop) and the rest (temperature, top-k, top-p, the draw, the log-prob) runs
+in the compiled step. Every row is sampled to the end of the batch, so tokens and log-probs equal the loop's while
+the loop keeps every row (no stops, or fewer than an eighth of the rows stopped); afterwards the loop compacts its
+batch and the two random streams part.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+from transformers.cache_utils import Cache
+
+from coati_relay.config.schema import SamplingConfig
+from coati_relay.inference.decode_loop import Decoded, StopStrings
+
+CAPACITY_STEP = 64  # cache capacities are rounded up to a multiple of this, so prompt widths share a bucket
+
+
+class _Bucket:
+    """One shape bucket's static cache [rows, heads, capacity, head_dim] per layer, attention mask [rows, capacity]
+    and noise buffer [rows, V]."""
+
+    def __init__(self, model: torch.nn.Module, rows: int, capacity: int, device: torch.device):
+        from transformers import StaticCache
+
+        config = model.config.get_text_config()
+        self.cache = StaticCache(config=config, max_cache_len=capacity)
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        empty = torch.zeros(rows, heads, 0, head_dim, dtype=model.dtype, device=device)
+        for layer in self.cache.layers:
+            layer.lazy_initialization(empty, empty)
+        self.mask = torch.ones(rows, capacity, dtype=torch.long, device=device)
+        self.noise = torch.empty(rows, model.get_input_embeddings().num_embeddings, device=device)
+        self.compile_s: Optional[float] = None  # the first step's time (the compilation), once run
+
+    def start(self, prefilled: Optional[Cache], prompt_mask: torch.Tensor) -> None:
+        """Writes the prompt's cached columns (``prefilled``: [rows, P - 1] per layer, or None when P = 1) and mask."""
+        width = prompt_mask.size(1)
+        for i, layer in enumerate(self.cache.layers):
+            layer.cumulative_length.zero_()
+            if prefilled is not None:
+                layer.update(prefilled.layers[i].keys, prefilled.layers[i].values)
+        self.mask.fill_(1)
+        self.mask[:, :width] = prompt_mask
+
+
+class CapturedDecoder:
+    """Decodes with ``model`` through one compiled step per shape bucket. backend: ``torch.compile``'s (None: inductor,
+    with ``mode="reduce-overhead"`` on CUDA); ``"eager"`` runs the same step uncompiled."""
+
+    def __init__(self, model: torch.nn.Module, backend: Optional[str] = None):
+        self.model = model
+        device = next(model.parameters()).device
+        options = {"mode": "reduce-overhead"} if device.type == "cuda" and backend is None else {}
+        self._step_fn: Callable = torch.compile(self._step, backend=backend or "inductor", dynamic=False,
+                                                fullgraph=False, **options)
+        self._buckets: Dict[Tuple[int, int], _Bucket] = {}
+        self.compile_s: Dict[Tuple[int, int], float] = {}  # per (rows, capacity): the first step's seconds
+
+    def _step(self, bucket: _Bucket, feed: torch.Tensor, positions: torch.Tensor, column: torch.Tensor,
+              sampling: Tuple[bool, float, int, float]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """feed, positions: LongTensor [rows]; column: LongTensor [1], the cache column written. Returns (tokens
+        LongTensor [rows], log-probs FloatTensor [rows])."""
+        greedy, temperature, top_k, top_p = sampling
+        logits = self.model(input_ids=feed[:, None], attention_mask=bucket.mask, position_ids=positions[:, None],
+                            past_key_values=bucket.cache, cache_position=column, use_cache=True,
+                            logits_to_keep=1).logits[:, -1].float()
+        scores = logits if greedy or temperature == 1.0 else logits / temperature
+        if greedy:
+            tokens = scores.argmax(dim=-1, keepdim=True)
+        else:
+            if top_k:
+                kth = torch.topk(scores, top_k, dim=-1).values[:, -1:]
+                scores = scores.masked_fill(scores < kth, float("-inf"))
+            if top_p < 1.0:
+                ascending, order = torch.sort(scores, dim=-1)
+                drop = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
+                drop[:, -1] = False
+                scores = scores.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+            tokens = (torch.softmax(scores, dim=-1) / bucket.noise).argmax(dim=-1, keepdim=True)
+        logprobs = scores.gather(1, tokens) - torch.logsumexp(scores, dim=-1, keepdim=True)
+        return tokens[:, 0], logprobs[:, 0]
+
+    def decode(self, prefilled: Optional[Cache], last_prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+               sampling: SamplingConfig, stop_ids: List[int], pad_token_id: int,
+               stop_strings: Optional[StopStrings] = None) -> Decoded:
+        """`coati_relay.inference.decode_loop.decode`'s contract, with ``prefilled`` the model's cache of every prompt
+        column but the last ([N rows, P - 1 positions]; None when P = 1)."""
+        rows, width = prompt_mask.shape
+        steps, device = sampling.max_new_tokens, prompt_mask.device
+        capacity = -(-(width + steps) // CAPACITY_STEP) * CAPACITY_STEP
+        key = (rows, capacity)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket(self.model, rows, capacity, device)
+        bucket.start(prefilled, prompt_mask)
+        vocab = bucket.noise.size(1)
+        greedy = sampling.temperature == 0 or not sampling.do_sample
+        static = (greedy, float(sampling.temperature), min(sampling.top_k, vocab) if sampling.top_k > 0 else 0,
+                  float(sampling.top_p))
+        positions = prompt_mask.long().sum(dim=1) - 1
+        stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
+        tokens = torch.full((rows, steps), pad_token_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros(rows, steps, device=device)
+        lengths = torch.full((rows,), steps, dtype=torch.long, device=device)
+        alive = torch.ones(rows, dtype=torch.bool, device=device)
+        feed = last_prompt_ids
+        taken = 0
+        for t in range(steps):
+            if not greedy:
+                bucket.noise.exponential_()
+            column = torch.tensor([width - 1 + t], device=device)
+            started = time.perf_counter()
+            feed, drawn = self._step_fn(bucket, feed.clone(), positions.clone(), column, static)
+            if key not in self.compile_s:
+                self.compile_s[key] = time.perf_counter() - started
+            tokens[:, t] = feed
+            logprobs[:, t] = drawn
+            taken = t + 1
+            positions += 1
+            if not stop_ids and stop_strings is None:
+                continue
+            stopped = alive & torch.isin(feed, stops)
+            if stop_strings is not None:
+                stopped |= alive & stop_strings(tokens[:, :t + 1], t + 1)
+            lengths[stopped] = t + 1
+            alive &= ~stopped
+            if not bool(alive.any()):
+                break
+        lengths.clamp_(max=taken)
+        return Decoded(tokens[:, :taken], logprobs[:, :taken], lengths)
