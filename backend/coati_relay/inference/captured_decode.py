@@ -43,7 +43,8 @@ class _Bucket:
             layer.lazy_initialization(empty, empty)
         self.mask = torch.ones(rows, capacity, dtype=torch.long, device=device)
         self.noise = torch.empty(rows, model.get_input_embeddings().num_embeddings, device=device)
-        self.compile_s: Optional[float] = None  # the first step's time (the compilation), once run
+        for buffer in (self.mask, self.noise):  # fixed addresses: CUDA graphs read them without a copy
+            torch._dynamo.mark_static_address(buffer)
 
     def start(self, prefilled: Optional[Cache], prompt_mask: torch.Tensor) -> None:
         """Writes the prompt's cached columns (``prefilled``: [rows, P - 1] per layer, or None when P = 1) and mask."""
