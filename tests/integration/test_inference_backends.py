@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
+from coati_relay.config.schema import SamplingConfig
 from coati_relay.inference import (
     InferenceBackend,
-    SamplingConfig,
     TransformersBackend,
     VLLMBackend,
     build_inference_backend,
