@@ -159,9 +159,8 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
     from coati_relay.cluster.placement import on_head_node
     from coati_relay.exchange.queue import make_rollout_queue
     from coati_relay.exchange.weight_store import make_weight_store
-    from coati_relay.observe.evaluation import EVAL_KIND, EvalAggregator, training_records
-    from coati_relay.observe.metrics import MetricsLogger, ProgressBar, round_numbers, run_summary
-    from coati_relay.observe.trackers import open_run_trackers
+    from coati_relay.observe.evaluation import EVAL_KIND, EvalAggregator
+    from coati_relay.observe.recorder import RunRecorder
     from coati_relay.roles.consumer import ConsumerWorker
     from coati_relay.roles.producer import ProducerWorker
 
@@ -175,7 +174,7 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
     restore_environ(environ)
     pg, opts = _place(cfg)
     started: List[Any] = []  # every actor of this run; all are killed on the way out, whatever the way
-    logger = None
+    recorder = None
     try:
         producer_opts, consumer_opts = opts[:cfg.roles.num_producers], opts[cfg.roles.num_producers:]
         cfg.checkpointing.run_dir.mkdir(parents=True, exist_ok=True)
@@ -206,59 +205,42 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
         nodes.update(zip(("rollout-queue", "weight-store"), ray.get([queue.node.remote(), store.node.remote()],
                                                                      timeout=30)))
         setup_s = time.perf_counter() - t_start
-        logger = MetricsLogger(cfg.checkpointing.run_dir, drop_after=start_round if start_round else None,
-                               trackers=open_run_trackers(cfg))
-        bar = ProgressBar.for_run(cfg, start_round)
-        run_refs = {c.run.remote(): c for c in consumers}
+        recorder = RunRecorder(cfg, start_round, hooks)  # consumer rank 0's records, as the queue's report log
+        run_refs = {c.run.remote(): c for c in consumers}  # passes them on
         run_refs.update({p.run.remote(): p for p in producers})
-
-        history: List[Dict[str, Any]] = []  # consumer rank 0's records, as the queue's report log passed them on
         evals = EvalAggregator(cfg.roles.num_producers)  # the producers' evaluation reports, summed per step
-
-        def on_evaluated(step: int, metrics: Dict[str, float]) -> None:
-            hooks.evaluate(step, logger.log(step, metrics))
 
         def on_report(rec: Dict[str, Any]) -> None:
             if rec.get("kind") == EVAL_KIND:
                 done = evals.add(rec)
                 if done is not None:
-                    on_evaluated(*done)
+                    recorder.evaluated(*done)
                 return
-            history.append(rec)
-            numbers = round_numbers(rec)
-            record = logger.log(int(rec["step"]), numbers)
-            bar.update(int(rec["step"]) - 1, numbers)
-            stop = hooks.round_end(int(rec["step"]), record, rec.get("checkpoint"))
+            stop = recorder.round_end(rec)
             if cfg.stop_gate:
                 ray.get(queue.set_verdict.remote(int(rec["step"]), stop), timeout=30)
 
         results = supervisor.supervise(run_refs, on_report=on_report, stopped=lambda: hooks.stop_at is not None)
         for done in evals.flush():
-            on_evaluated(*done)
+            recorder.evaluated(*done)
         train_s = time.perf_counter() - t_start - setup_s
-        bar.close()
-        counters = supervisor.counters
     except KeyboardInterrupt:
         log.warning("interrupted: stopping the run's %d actors and releasing its placement group", len(started))
         raise
     finally:
-        if logger is not None:
-            logger.close()
+        if recorder is not None:
+            recorder.close()
         for actor in started:
             ray.kill(actor, no_restart=True)
         remove_placement_group(pg)
-    checkpoints = [h["checkpoint"] for h in history if "checkpoint" in h]
+    checkpoints = recorder.checkpoints
     stop_path = next((results[c].get("checkpoint") for c in consumers[:1] if c in results), None)
     if hooks.stop_at is not None and stop_path and stop_path not in checkpoints:
         checkpoints.append(stop_path)
         hooks.checkpoint(hooks.stop_at, stop_path)
-    summary = run_summary(training_records(logger.history))
-    summary["setup_s"] = setup_s
-    summary["wall_s"] = train_s  # training only; the log's timestamps are when the driver saw each step
-    return RunResult(history=history, checkpoints=checkpoints, run_dir=cfg.checkpointing.run_dir, summary=summary,
-                     counters=counters, producer_stats=[results[p] for p in producers if p in results],
-                     setup_s=setup_s, nodes=nodes, stopped_early=hooks.stop_at is not None,
-                     stopped_at=hooks.stop_at)
+    # wall_s: training only; the log's timestamps are when the driver saw each step
+    return recorder.result(setup_s, train_s, checkpoints=checkpoints, counters=supervisor.counters,
+                           producer_stats=[results[p] for p in producers if p in results], nodes=nodes)
 
 
 class _Supervisor:

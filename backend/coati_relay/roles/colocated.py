@@ -22,7 +22,7 @@ import logging
 import os
 import time
 from dataclasses import replace
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import torch
 
@@ -104,10 +104,8 @@ def run_colocated(cfg: RunConfig, start_round: int, hooks: Any = None) -> Any:
 
 def _run(cfg: RunConfig, start_round: int, hooks: Any) -> Any:
     from coati_relay.callbacks import Hooks
-    from coati_relay.observe.evaluation import eval_metrics, training_records
-    from coati_relay.observe.metrics import MetricsLogger, ProgressBar, round_numbers, run_summary
-    from coati_relay.observe.run_result import RunResult
-    from coati_relay.observe.trackers import open_run_trackers
+    from coati_relay.observe.evaluation import eval_metrics
+    from coati_relay.observe.recorder import RunRecorder
     from coati_relay.roles.consumer import ConsumerWorker
     from coati_relay.roles.producer import ProducerWorker
 
@@ -135,10 +133,7 @@ def _run(cfg: RunConfig, start_round: int, hooks: Any) -> Any:
         if start_round:  # the engine loaded the initial checkpoint; the consumer resumed from a later one
             consumer.publisher.publish(start_round, tensors=consumer.policy.state_dict_for_inference())
     setup_s = time.perf_counter() - t_start
-    logger = MetricsLogger(cfg.checkpointing.run_dir, drop_after=start_round if start_round else None,
-                           trackers=open_run_trackers(cfg))
-    bar = ProgressBar.for_run(cfg, start_round)
-    history: List[Dict[str, Any]] = []
+    recorder = RunRecorder(cfg, start_round, hooks)
     counters = {"produced": 0, "consumed": 0, "dropped": 0, "in_flight": 0, "produced_samples": 0,
                 "consumed_samples": 0}
     try:
@@ -149,7 +144,7 @@ def _run(cfg: RunConfig, start_round: int, hooks: Any) -> Any:
             report = producer.maybe_evaluate()
             if report is not None:
                 counts = {task: tuple(ct) for task, ct in report["counts"].items()}
-                hooks.evaluate(r, logger.log(r, eval_metrics(report["training_step"], counts)))
+                recorder.evaluated(r, eval_metrics(report["training_step"], counts))
                 t0 = time.perf_counter()  # the round's time leaves the evaluation out
             tasks = range(r * cfg.tasks_per_round, (r + 1) * cfg.tasks_per_round)
             made = [producer.make_rollout(task) for task in tasks]
@@ -161,27 +156,17 @@ def _run(cfg: RunConfig, start_round: int, hooks: Any) -> Any:
             for key in ("produced", "consumed"):
                 counters[key] += len(made)
                 counters[f"{key}_samples"] += prompts
-            history.append(metrics)
-            numbers = round_numbers(metrics)
-            record = logger.log(int(metrics["step"]), numbers)
-            bar.update(int(metrics["step"]) - 1, numbers)
-            if hooks.round_end(int(metrics["step"]), record, metrics.get("checkpoint")):
+            if recorder.round_end(metrics):
                 if "checkpoint" not in metrics:
                     metrics["checkpoint"] = consumer.save(consumer.round)
                     hooks.checkpoint(consumer.round, metrics["checkpoint"])
                 break
     finally:
-        bar.close()
-        logger.close()
+        recorder.close()
         producer.backend_close()
         producer.profiler.close()
         consumer.profiler.close()
-    summary = run_summary(training_records(logger.history))
-    summary["setup_s"] = setup_s
-    summary["wall_s"] = time.perf_counter() - t_start - setup_s
-    log.info("colocated run %s: %d rounds in %.1fs after %.1fs of set-up", cfg.project_name, len(history),
-             summary["wall_s"], setup_s)
-    return RunResult(history=history, checkpoints=[h["checkpoint"] for h in history if "checkpoint" in h],
-                     run_dir=cfg.checkpointing.run_dir, summary=summary, counters=counters,
-                     producer_stats=[dict(producer.stats)], setup_s=setup_s,
-                     stopped_early=hooks.stop_at is not None, stopped_at=hooks.stop_at)
+    wall_s = time.perf_counter() - t_start - setup_s
+    log.info("colocated run %s: %d rounds in %.1fs after %.1fs of set-up", cfg.project_name, len(recorder.history),
+             wall_s, setup_s)
+    return recorder.result(setup_s, wall_s, counters=counters, producer_stats=[dict(producer.stats)])

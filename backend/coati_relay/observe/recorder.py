@@ -1,0 +1,59 @@
+"""`RunRecorder`: what a driver does with a run's rounds, one for both placements (`coati_relay.launch`,
+`coati_relay.roles.colocated`).
+
+Each round's record (consumer rank 0's metrics, a dict with ``step``) goes to the history, ``metrics.jsonl`` and the
+trackers, the progress display and the hooks; each evaluation to the log and the hooks' ``on_evaluate``. At the end
+it makes the run's `RunResult` from what it recorded.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping
+
+from coati_relay.observe.evaluation import training_records
+from coati_relay.observe.metrics import MetricsLogger, ProgressBar, round_numbers, run_summary
+from coati_relay.observe.run_result import RunResult
+from coati_relay.observe.trackers import open_run_trackers
+
+
+class RunRecorder:
+    """The records of a run (`coati_relay.config.schema.RunConfig`) resumed at ``start_round``, passed to ``hooks``
+    (`coati_relay.callbacks.Hooks`)."""
+
+    def __init__(self, cfg: Any, start_round: int, hooks: Any) -> None:
+        self.cfg, self.hooks = cfg, hooks
+        self.logger = MetricsLogger(cfg.checkpointing.run_dir, drop_after=start_round if start_round else None,
+                                    trackers=open_run_trackers(cfg))
+        self.bar = ProgressBar.for_run(cfg, start_round)
+        self.history: List[Dict[str, Any]] = []
+
+    def round_end(self, record: Dict[str, Any]) -> bool:
+        """Records one round; True where a hook asks the run to stop."""
+        self.history.append(record)
+        numbers = round_numbers(record)
+        step = int(record["step"])
+        logged = self.logger.log(step, numbers)
+        self.bar.update(step - 1, numbers)
+        return self.hooks.round_end(step, logged, record.get("checkpoint"))
+
+    def evaluated(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Records the evaluation run before training step ``step``."""
+        self.hooks.evaluate(step, self.logger.log(step, metrics))
+
+    def close(self) -> None:
+        self.bar.close()
+        self.logger.close()
+
+    @property
+    def checkpoints(self) -> List[str]:
+        """The checkpoints the recorded rounds saved, in order."""
+        return [h["checkpoint"] for h in self.history if "checkpoint" in h]
+
+    def result(self, setup_s: float, wall_s: float, **fields: Any) -> RunResult:
+        """The run's `RunResult`: the recorded history and checkpoints, the summary of the logged training records
+        (with ``setup_s`` and ``wall_s``, training only), and ``fields`` (counters, producer_stats, ...)."""
+        summary = run_summary(training_records(self.logger.history))
+        summary.update(setup_s=setup_s, wall_s=wall_s)
+        fields.setdefault("checkpoints", self.checkpoints)
+        return RunResult(history=self.history, run_dir=self.cfg.checkpointing.run_dir, summary=summary,
+                         setup_s=setup_s, stopped_early=self.hooks.stop_at is not None,
+                         stopped_at=self.hooks.stop_at, **fields)
