@@ -1,0 +1,47 @@
+"""What a config field means, declared beside the field: ``x: int = meaning(CC, "what x is", "launch_keyword")``.
+
+Each field of `coati_relay.config.schema` carries a `Meaning`: its origin (``CC``: ColossalChat's meaning, kept;
+``EXT``: this engine's extension) and the launch keywords or config keys that set it (``"num_producers"``,
+``"grpo_config['lr']"``). A section that one keyword sets whole (``generate_config``: `SamplingConfig`) says so with
+`section`. `coati_relay.config.launch_keywords` makes ``help(launch_distributed)`` from these.
+"""
+from __future__ import annotations
+
+from dataclasses import MISSING, field, fields
+from typing import Any, Dict, NamedTuple, Optional, Tuple
+
+CC, EXT = "ColossalChat", "extension"
+
+
+class Meaning(NamedTuple):
+    """origin: CC or EXT; text: the meaning; keys: the launch keywords and config keys that set it (none: the engine
+    derives it)."""
+
+    origin: str
+    text: str
+    keys: Tuple[str, ...] = ()
+
+
+def meaning(origin: str, text: str, *keys: str, default: Any = MISSING, default_factory: Any = MISSING,
+            **field_args: Any) -> Any:
+    """A `dataclasses.field` that carries its `Meaning`."""
+    return field(default=default, default_factory=default_factory,
+                 metadata={"meaning": Meaning(origin, text, keys)}, **field_args)
+
+
+def section(origin: str, text: str, *keys: str):
+    """Class decorator: the meaning of a whole section (``keys``: the keyword that sets it)."""
+    def mark(cls):
+        cls.__meaning__ = Meaning(origin, text, keys)
+        return cls
+    return mark
+
+
+def field_meanings(cls: type) -> Dict[str, Optional[Meaning]]:
+    """Field name -> its `Meaning` (None where a field has none) for the dataclass ``cls``."""
+    return {f.name: f.metadata.get("meaning") for f in fields(cls)}
+
+
+def section_meaning(cls: type) -> Optional[Meaning]:
+    """The meaning `section` gave ``cls`` itself, or None."""
+    return cls.__dict__.get("__meaning__")
