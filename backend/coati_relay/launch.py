@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from coati_relay.cluster.environ import restore_environ
-from coati_relay.config.build import build_run_config
+from coati_relay.config.build import build_run_config, keyword_names
 from coati_relay.config.keys import IGNORED_LAUNCH_KEYS
 from coati_relay.config.launch_keywords import keywords_doc
 from coati_relay.config.schema import RunConfig
@@ -44,7 +44,8 @@ launch_distributed.__doc__ = keywords_doc(
 
     Takes ColossalChat's keywords, meaning what they mean there. Everything is checked in the driver before any
     actor starts (one `ConfigError` lists every problem), and a model given by Hugging Face Hub ID is resolved to
-    its local snapshot there, once: the actors only ever receive local directories.""", IGNORED_LAUNCH_KEYS)
+    its local snapshot there, once: the actors only ever receive local directories.""", keyword_names(),
+    IGNORED_LAUNCH_KEYS)
 
 
 def _place(cfg: RunConfig) -> Tuple[Any, List[Dict[str, Any]]]:

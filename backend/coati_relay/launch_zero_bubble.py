@@ -26,10 +26,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Optional
 
-from coati_relay.config.build import ConfigError, build_run_config
+from coati_relay.config.build import ConfigError, build_run_config, keyword_names
 from coati_relay.config.checks import is_int
 from coati_relay.config.keys import IGNORED_LAUNCH_KEYS
-from coati_relay.config.launch_keywords import ZERO_BUBBLE_KEYWORDS, keywords_doc
+from coati_relay.config.launch_keywords import keywords_doc
 from coati_relay.config.schema import RunConfig
 from coati_relay.observe.run_result import RunResult
 
@@ -80,11 +80,18 @@ def launch_distributed(**kwargs: Any) -> RunResult:
     return run(zero_bubble_config(**kwargs))
 
 
+# This entry's meaning of n_behind, where it differs from launch_distributed's.
+N_BEHIND = ("extension here; ColossalChat's zero-bubble entry has no such keyword",
+            "staleness bound, meant as in launch_distributed: an int k >= 0 trains only on rollouts made by weights at "
+            "most k versions old (staler ones are made again) and makes producers wait for such weights; None, the "
+            "default, bounds staleness by the data buffer alone, as ColossalChat does")
+
 launch_distributed.__doc__ = keywords_doc(
     """ColossalChat's zero-bubble launch: producers keep generating into a bounded data buffer while the consumers
     train, and pick up the newest weights after each of their inference batches (see
     `coati_relay.launch_zero_bubble`). Returns a `RunResult`; its ``producer_stats`` hold each producer's idle
     seconds (``room_wait_s``: waiting for room in the buffer, ``wait_s``: for weights) and its ``task_log``, and
     each history record the consumer's wait for data (``wait_s``).""",
+    [*keyword_names(), "data_actor_buffer_size_limit"],
     {k: v for k, v in IGNORED_LAUNCH_KEYS.items() if k != "data_actor_buffer_size_limit"},
-    overrides=ZERO_BUBBLE_KEYWORDS)
+    overrides={"n_behind": N_BEHIND})

@@ -1,12 +1,13 @@
 """The algorithm section of a run (ColossalChat's ``grpo_config``): one table of key, default and check, typed.
 
-``ALGORITHM_KEYS`` lists every setting `AlgorithmConfig` holds, with ColossalChat's defaults (4f9953be3,
+``ALGORITHM_KEYS`` lists every setting `AlgorithmConfig` holds (each field says what it means), with ColossalChat's
+defaults (4f9953be3,
 ``grpo_consumer.py``, ``consumer.py``, ``producer.py``, ``reward/reward_fn.py``) for its keys. ColossalChat's DAPO
 changes no default (its ``rl_example.py`` passes DAPO's values as keys); an estimator that is this engine's
 extension may (`coati_relay.algorithms.AlgorithmSpec.defaults`: PPO's). A default may be a function of the given
 keys (``critic_lr`` follows ``lr``). ``grpo_config['algo']`` picks the advantage estimator, as ColossalChat's consumer
 reads it (``core_algo`` picks the consumer: with a critic for PPO, without for the GRPO family); without it the
-estimator is ``core_algo``'s. ``grpo_config`` keys read by other sections (``OTHER_KEYS``) pass through; keys
+estimator is ``core_algo``'s. ``grpo_config`` keys that other fields hold (``OTHER_KEYS``) pass through; keys
 ColossalChat has that it never reads either (``IGNORED_GRPO_KEYS``) are accepted with one warning each; any other key is
 an error that names the closest valid one.
 """
@@ -17,6 +18,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 from coati_relay import algorithms
 from coati_relay.config.checks import Check, is_flag, is_int, is_non_negative, is_number, is_positive, is_positive_int
 from coati_relay.config.keys import check_section_keys, closest
+from coati_relay.config.launch_keywords import config_keys
 from coati_relay.config.schema import AlgorithmConfig
 
 
@@ -60,57 +62,29 @@ ALGORITHM_KEYS: Dict[str, Check] = {
     "clip_eps_low": Check(is_positive, "a number > 0", default=0.2),
     "clip_eps_high": Check(is_positive, "a number > 0", default=0.2),
     "filter_range": Check(_pair, "None or [low, high] with low < high", default=None),
-    "dynamic_batching": Check(is_flag, "a bool",
-                              "with filter_range: True drops the groups outside it and fills each optimizer step with "
-                              "train_batch_size kept groups, carrying the rest to the next round; False trains every "
-                              "group and masks the samples of groups outside it out of the loss", default=True),
-    "soft_over_length_punishment": Check(is_flag, "a bool",
-                                         "the rule rewards add ((L - c) - len) / c * 10 for L - c < len < L "
-                                         "(L: max_new_tokens, c: cache_length)", default=False),
-    "cache_length": Check(lambda v: v is None or is_positive_int(v), "None or an int > 0 (tokens)",
-                          "c of the soft over-length punishment (required with it)", default=None),
-    "overlength_scale": Check(is_non_negative, "a number >= 0",
-                              "engine extension: the scale of the soft over-length penalty of a registered or "
-                              "callable reward (ColossalChat's rule rewards use their own 10)", default=1.0),
-    "filter_truncated_response": Check(is_flag, "a bool",
-                                       "responses that reach generate_config's max_new_tokens leave the loss",
-                                       default=False),
-    "response_format_tags": Check(_tags, "None or {name: {'text': str, 'num_occur': int >= 0}}",
-                                  "the tags a rule reward's format check counts (think_answer_tags: None is "
-                                  "<think>, </think>, <answer>, </answer> once each)", default=None),
-    "code_verifier_api_url": Check(_url, "None or an http(s) URL",
-                                   "the service reward_fn_type='code' posts programs and test cases to", default=None),
+    "dynamic_batching": Check(is_flag, "a bool", default=True),
+    "soft_over_length_punishment": Check(is_flag, "a bool", default=False),
+    "cache_length": Check(lambda v: v is None or is_positive_int(v), "None or an int > 0 (tokens)", default=None),
+    "overlength_scale": Check(is_non_negative, "a number >= 0", default=1.0),
+    "filter_truncated_response": Check(is_flag, "a bool", default=False),
+    "response_format_tags": Check(_tags, "None or {name: {'text': str, 'num_occur': int >= 0}}", default=None),
+    "code_verifier_api_url": Check(_url, "None or an http(s) URL", default=None),
     "value_clip": Check(is_positive, "a number > 0", default=0.4),
     "gamma": Check(lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]", default=1.0),
     "lam": Check(lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]", default=0.95),
     "ppo_epochs": Check(is_positive_int, "an int >= 1", default=1),
     "normalize_advantages": Check(is_flag, "a bool", default=False),
     "lr_scheduler": Check(lambda v: v in (None, "constant", "cosine", "colossalchat"),
-                          "None, 'constant', 'cosine' or 'colossalchat'",
-                          "'colossalchat' (the default): ColossalChat's cosine from lr down to 0.1 * lr over "
-                          "min(num_episodes, 4) episodes, one value per round (coati_relay.training.schedule); "
-                          "'constant' and 'cosine' (over all optimizer steps, with warmup_steps) are this engine's",
-                          default="colossalchat"),
+                          "None, 'constant', 'cosine' or 'colossalchat'", default="colossalchat"),
     "warmup_steps": Check(lambda v: is_int(v) and v >= 0, "an int >= 0", default=0),
     "max_grad_norm": Check(lambda v: v is None or is_positive(v), "None or a number > 0", default=None),
-    "policy_loss": Check(_registered("policy_loss"), _registered_names("policy_loss"),
-                         "the policy loss the learner calls, by its registered name: 'ppo_clip' is the clipped "
-                         "surrogate with an asymmetric clip and beta * KL (coati_relay.algorithms.losses)",
-                         default="ppo_clip"),
-    "value_loss": Check(_registered("value_loss"), _registered_names("value_loss"),
-                        "the critic's loss (algorithms with a critic: PPO), by its registered name: 'clipped' is the "
-                        "clipped value loss with value_clip", default="clipped"),
-    "kl_estimator": Check(_registered("kl"), _registered_names("kl"),
-                          "the per-token KL(policy || reference) estimator of the beta term, in the policy loss "
-                          "(GRPO, DAPO, RLOO) or folded into REINFORCE++'s advantages: 'k1' (logp - ref_logp), 'k2' "
-                          "((ref_logp - logp)^2 / 2) or 'k3' (exp(x) - 1 - x, x = ref_logp - logp); PPO's rewards "
-                          "carry k1 whatever this says", default="k3"),
+    "policy_loss": Check(_registered("policy_loss"), _registered_names("policy_loss"), default="ppo_clip"),
+    "value_loss": Check(_registered("value_loss"), _registered_names("value_loss"), default="clipped"),
+    "kl_estimator": Check(_registered("kl"), _registered_names("kl"), default="k3"),
 }
 
-# grpo_config keys that other parts of the configuration read.
-OTHER_KEYS = {"algo": "the advantage estimator", "reward_fn_type": "the reward",
-              "reward_fn": "the reward (engine extension)", "train_microbatch_size": "sequences per forward",
-              "max_new_tokens": "L of the rule rewards' length rules"}
+# grpo_config keys that other fields of the schema hold (the estimator, the reward, sizes).
+OTHER_KEYS = [key for key in config_keys("grpo_config") if key not in ALGORITHM_KEYS]
 
 # grpo_config keys of ColossalChat that it never reads either, and why they are passed.
 IGNORED_GRPO_KEYS = {

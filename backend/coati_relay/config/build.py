@@ -122,9 +122,14 @@ def _reward(errors: List[str], grpo: Dict[str, Any], reward_model_config: Option
     return reward
 
 
+def keyword_names() -> List[str]:
+    """The launch keywords `build_run_config` takes, in its signature's order."""
+    return [p for p in inspect.signature(build_run_config).parameters if p != "ignored"]
+
+
 def _check_launch_keys(errors: List[str], extra: Dict[str, Any]) -> None:
     """ColossalChat keywords without effect here warn once each; any other unknown keyword is an error."""
-    valid = [p for p in inspect.signature(build_run_config).parameters if p != "ignored"] + list(IGNORED_LAUNCH_KEYS)
+    valid = keyword_names() + list(IGNORED_LAUNCH_KEYS)
     for key in sorted(extra):
         if key in IGNORED_LAUNCH_KEYS:
             warn_ignored("launch_distributed", key, IGNORED_LAUNCH_KEYS[key])
@@ -313,11 +318,8 @@ def build_run_config(
     eval_generation_config: Optional[Dict[str, Any]] = None, log_rollout_interval: Optional[int] = 20,
     rollout_save_dir: Optional[str] = None, export_dir: Any = True, **ignored: Any,
 ) -> RunConfig:
-    """Checks every launch parameter and the constraints between them; raises one `ConfigError` listing all.
-
-    ``report_to``: experiment trackers besides ``metrics.jsonl``, a list of "tensorboard", "wandb" (W&B project
-    ``project_name``) or "none" (`coati_relay.observe.trackers`). ``callbacks``: the driver's hooks
-    (`coati_relay.callbacks`).
+    """Checks every launch parameter and the constraints between them; raises one `ConfigError` listing all. What
+    each keyword means is said by the schema field it sets (`coati_relay.config.schema`; ``help(launch_distributed)``).
 
     What this host runs differently from ColossalChat (no CUDA: bf16, ZeRO, flash attention; tp/pp > 1 anywhere)
     is named in one `HostDifferenceWarning`, issued here in the driver once per run."""

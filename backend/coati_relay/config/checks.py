@@ -35,10 +35,9 @@ def is_non_negative(v: Any) -> bool:
 
 class Check(NamedTuple):
     """One key of a section's table. ok: True for a valid value; expect: what is valid, for the error message (or a
-    function of the value that says it); help: what the key does, where its name does not say it; default: the value
-    when the key is absent (a value, or a function of the given keys), in sections that fill defaults."""
+    function of the value that says it); default: the value when the key is absent (a value, or a function of the
+    given keys), in sections that fill defaults. What a key means is said by its schema field."""
 
     ok: Callable[[Any], bool]
     expect: Any
-    help: str = ""
     default: Any = None

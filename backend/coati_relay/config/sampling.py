@@ -1,12 +1,9 @@
-"""``generate_config``: how producers sample, checked key by key into a `SamplingConfig`.
+"""``generate_config``: how producers sample, checked key by key into a `SamplingConfig` (whose section and fields
+say what each key means; `coati_relay.inference.generate_keys` says which backend knows which key).
 
-As in ColossalChat, every key means what the backend in use (``inference_backend``) means by it
-(`coati_relay.inference.generate_keys` says which backend knows which key); a key that backend does not know is an
-error naming the backend that knows it. ``temperature`` and ``top_p`` are required for ColossalChat's algorithms
-(its ``launch_distributed`` reads both to name the run and fails with a KeyError without them); the extension
-``core_algo="PPO"`` defaults them to 1.0.
-
-A key given as None counts as not given (ColossalChat's transformers example passes ``max_new_tokens=None``).
+``temperature`` and ``top_p`` are required because ColossalChat's ``launch_distributed`` reads both to name the run
+(a KeyError there without them). A key given as None counts as not given because ColossalChat's transformers example
+passes ``max_new_tokens=None``.
 """
 from __future__ import annotations
 
