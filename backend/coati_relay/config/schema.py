@@ -307,7 +307,7 @@ class Checkpointing:
                                  "default './model', or run_dir where run_dir is given", "save_dir")
     resume_from: Optional[str] = meaning(
         EXT, "a checkpoint directory (run_dir/checkpoints/step-NNNNNN) or a run directory (its latest checkpoint) to "
-             "continue from; num_episodes still counts the whole run", "resume_from",
+             "continue from; num_episodes still counts the whole run; None: afresh", "resume_from",
         "train_model_config['checkpoint_path']", "inference_model_config['checkpoint_path']")
     export_dir: Optional[Path] = meaning(EXT, "where the final policy is exported as a Hugging Face model "
                                               "(save_pretrained); default True: run_dir/hf_model; False or None: no "
