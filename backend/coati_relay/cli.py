@@ -93,6 +93,17 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _docs(args: argparse.Namespace) -> int:
+    from coati_relay import guide
+
+    try:
+        sys.stdout.write(guide.read(args.topic) if args.topic else guide.index())
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"docs: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -156,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_export.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                           help="cast the weights (default: the dtype they were trained in)")
     p_export.set_defaults(fn=_export)
+    p_docs = sub.add_parser("docs", help="print a page or a topic of the migration guide",
+                            description="Print the migration guide installed with coati-relay: without TOPIC, its "
+                            "pages and topics; with a page name (rewriter, api_map, ...) the page; with a topic (the "
+                            "NOTEs of a migrated script name theirs: `coati-relay docs four-role`) its section.")
+    p_docs.add_argument("topic", nargs="?", default=None, metavar="TOPIC", help="a page name or a topic")
+    p_docs.set_defaults(fn=_docs)
     add_registered_subcommands(sub)
     sub.add_parser("demo", help="GRPO, PPO and the legacy API on the toy task", add_help=False)
     return parser

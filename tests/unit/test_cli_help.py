@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 HEAVY = {"torch", "transformers", "ray", "vllm", "colossalai", "peft"}
-SUBCOMMANDS = ["run", "plot", "export", "migrate", "legacy-run", "compare", "demo"]
+SUBCOMMANDS = ["run", "plot", "export", "docs", "migrate", "legacy-run", "compare", "demo"]
 
 
 def _command():
