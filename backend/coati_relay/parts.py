@@ -62,7 +62,8 @@ _PARTS: Dict[str, str] = {
 }
 
 # name -> a module published whole
-_MODULES: Dict[str, str] = {"checkpoint_files": "coati_relay.training.checkpoint_files"}
+_MODULES: Dict[str, str] = {"checkpoint_files": "coati_relay.training.checkpoint_files",
+                            "from_legacy": "coati_relay.from_legacy"}
 
 __all__ = sorted([*_PARTS, *_MODULES])
 

@@ -98,6 +98,7 @@ NOTE_QUANTITIES: Dict[str, Tuple[str, ...]] = {
     "custom-classes": EVERYTHING,
     "four-role": EVERYTHING,
     "unused-flags": (),
+    "seed-and-save-dir": (),
     "unread": EVERYTHING,
     "ppo-to-grpo": BEHAVIOUR,  # no critic, group-normalised advantages: every learning curve changes
     "rewards": ("reward", "final_reward", "reward_slope"),  # a rule reward instead of the reward model

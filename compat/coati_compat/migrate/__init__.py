@@ -1,9 +1,11 @@
 """The migration rewriter: turns a legacy ``coati.ray`` launch script into a ``coati_relay.launch_distributed``
 script (and a YAML config for ``coati-relay run``).
 
-    python -m coati_compat.migrate mmmt_prompt.py -o mmmt_prompt_relay.py --yaml mmmt_prompt.yaml
+    coati-relay migrate mmmt_prompt.py -o mmmt_prompt_relay.py --yaml mmmt_prompt.yaml
 
-The legacy script is read with `ast`, never run. See ``migration_guide/rewriter.md`` for the mapping it applies.
+(or ``python -m coati_compat.migrate ...``). The legacy script is read with `ast`, never run; the migrated script
+imports its helpers from `coati_relay.from_legacy`. See ``migration_guide/rewriter.md`` (``coati-relay docs rewriter``)
+for the mapping it applies.
 """
 from __future__ import annotations
 

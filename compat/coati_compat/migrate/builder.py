@@ -99,9 +99,22 @@ class MappingContext:
             kwargs["report_to"] = "args.report_to"
             return
         kwargs["report_to"] = self.new_flag("report_to", 'nargs="*", default=[], choices=["tensorboard", "wandb", '
-                                                         '"none"], help="trackers besides run_dir/metrics.jsonl"')
+                                                         '"none"]')
         switch = next((f for f in WANDB_FLAGS if f in flags), None)
         if switch:
             kwargs["report_to"] += f' + (["wandb"] if args.{switch} else [])'
             self.note("trackers", f"--{switch} adds 'wandb' to report_to: the run logs to the W&B project "
                                   f"project_name (offline under run_dir/wandb without a W&B login).", key="report_to")
+
+    def seed_and_save_dir(self, saves: str) -> None:
+        """``seed``, ``save_dir`` and ``timeout_s`` from the script's flags of those names, which mean the same there.
+
+        saves: what the legacy script saved in ``--save_dir`` (for the NOTE)."""
+        for name in ("seed", "save_dir", "timeout_s"):
+            if name in self.script.flags:
+                self.plan.kwargs[name] = f"args.{name}"
+        if "save_dir" in self.script.flags:
+            unset = " (under run_dir when None)" if self.defaults.save_dir is None else ""
+            self.note("seed-and-save-dir", f"the legacy script saved {saves} in --save_dir; the engine's "
+                                           f"checkpoints go to save_dir/checkpoints/step-NNNNNN{unset}.",
+                      key="save_dir")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import List, Optional
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_PARTIAL = 0, 2, 3
+PROG = "python -m coati_compat.migrate"
 DESCRIPTION = "Rewrite a legacy coati.ray launch script into a coati_relay.launch_distributed script."
 
 
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         if args.yaml and args.target != "coati_relay":
             raise ValueError(f"--yaml writes a config for `coati-relay run` and goes with --target coati_relay; "
                              f"with --target {args.target}, run the migrated script itself")
-        migration = migrate_file(source, target=args.target)
+        migration = migrate_file(source, target=args.target, command=args.rewriter_command)
         yaml_text = migration.yaml(_flag_pairs(args.set)) if args.yaml else None
     except (FileNotFoundError, ValueError) as exc:
         print(f"migrate: {exc}", file=sys.stderr)
@@ -82,10 +83,11 @@ def add_subcommand(subparsers) -> None:
     """Adds ``migrate`` to an argparse sub-command set whose parsed arguments run ``args.fn(args)``."""
     parser = subparsers.add_parser("migrate", help=DESCRIPTION, description=DESCRIPTION)
     add_arguments(parser)
-    parser.set_defaults(fn=run)
+    parser.set_defaults(fn=run, rewriter_command="coati-relay migrate")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m coati_compat.migrate", description=DESCRIPTION)
+    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
     add_arguments(parser)
+    parser.set_defaults(rewriter_command=PROG)
     return run(parser.parse_args(argv))

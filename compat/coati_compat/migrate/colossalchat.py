@@ -27,10 +27,10 @@ KWARG_ORDER = ("num_producers", "num_proc_per_producer", "num_consumer_procs", "
                "inference_model_config", "generate_config", "train_model_config", "grpo_config", "plugin_config",
                "tokenizer_config", "inference_backend", "num_generations", "master_addr", "master_port",
                "core_algo", "project_name", "save_interval", "save_dir", "n_behind")
-ENGINE_ONLY = ("critic_model_config", "reward_model_config", "run_dir", "report_to")
+ENGINE_ONLY = ("critic_model_config", "reward_model_config", "run_dir", "report_to", "seed", "timeout_s")
 # Notes of the engine's plan that the ColossalChat target replaces with its own.
 REPLACED_TOPICS = {"kl-and-advantages", "trainer-strategy", "lora", "dataset", "trackers",
-                   "train-epochs", "unused-flags", "callbacks"}
+                   "train-epochs", "unused-flags", "callbacks", "seed-and-save-dir"}
 REPLACED_PREFIXES = ("train_batch_size counts prompts", "top_k/top_p: the producers", "no checkpoint path was found "
                      "for the reward model", "no critic checkpoint was found")
 TEXT_FIXES = {
@@ -45,11 +45,7 @@ TEXT_FIXES = {
     "learning rate of actor and critic": "learning rate of the policy",
     "the call below uses core_algo='PPO' as the closest stand-in": "the call below uses core_algo=--algo (GRPO by "
                                                                     "default) as the closest stand-in",
-    "consumers score with the reference model and the reward model, train the policy and the critic":
-        "a rule-based reward scores them, consumers train the policy against the reference model",
-    "each consumer holds the policy, the critic, the reference model and the reward model itself, so the "
-    "critic/initial/reward group sizes have no counterpart": "each consumer holds the policy and the reference "
-    "model, and rewards are rule-based, so the critic/initial/reward group sizes have no counterpart",
+    "each holding all four models": "each holding the policy and the reference model (rewards are rule-based)",
 }
 
 PPO_TO_GRPO = ("PPO becomes core_algo=--algo (GRPO by default): ColossalChat's launch_distributed trains only the "
@@ -128,6 +124,7 @@ class _Retarget:
         self.algo = self.flag("algo", f'default="GRPO", choices={list(ALGOS)!r}, help="ColossalChat\'s core_algo '
                                       f'(the advantage estimator of the GRPO family)"')
         self._models()
+        self._run_length()
         self._dataset()
         self._generation()
         self._algorithm()
@@ -166,6 +163,10 @@ class _Retarget:
         self._drop_prelude(lambda line: "reward_model_path" not in line)
         if "lora_config" in p.helpers:
             p.helpers.remove("lora_config")
+            config = _dict_items(self.kw["train_model_config"])
+            if "lora" in config:
+                self.kw["train_model_config"] = "{" + ", ".join(f'"{k}": {v}' for k, v in config.items()
+                                                                if k != "lora") + "}"
             lora_lines = ("lora = ", "if lora:", '    train_model_config["lora"]')
             self._drop_prelude(lambda line: not line.startswith(lora_lines))
             rank = next((f.dest for f in s.flags.values() if f.dest == "lora_rank"), None)
@@ -178,6 +179,23 @@ class _Retarget:
                              "or 'boxed'). The prompt CSV needs an answer column (--answer_column), and the system "
                              "prompt (--system_prompt; by default one per reward type) asks for the answer format "
                              "the verifier checks.", key="grpo_config")
+
+    def _run_length(self) -> None:
+        """A step count read from the prompt file (`coati_relay.from_legacy.episodes_for_rounds`) becomes
+        ``--num_episodes`` (default 1): the script must run on ColossalChat without coati-relay."""
+        p = self.plan
+        if "episodes_for_rounds" not in p.helpers:
+            return
+        p.helpers.remove("episodes_for_rounds")
+        start = next(i for i, line in enumerate(p.prelude) if line.startswith("num_episodes = "))
+        del p.prelude[start:start + 2]
+        p.notes = [n for n in p.notes if not (n.topic == "run-length" and n.key == "num_episodes")]
+        p.new_flags = [re.sub(r'help="[^"]*"', 'help="passes over the prompt file"', f) if '"--num_episodes"' in f
+                       else f for f in p.new_flags]
+        self.kw["num_episodes"] = "args.num_episodes or 1"
+        self.note("run-length", "the legacy step count has no counterpart in ColossalChat's launch_distributed: "
+                                "the run is num_episodes (default 1) passes over the prompt file, prompts // "
+                                "(inference_batch_size*num_producers) rounds each.", key="num_episodes")
 
     def _dataset(self) -> None:
         old = _dict_items(self.kw["train_dataset_config"])

@@ -104,17 +104,13 @@ class FourRoleMapper(_Mapper):
         p.prelude += ["num_producers = 1", f"num_consumers = {ranks}"]
         p.kwargs.update(num_producers="num_producers", num_proc_per_producer="1",
                         num_consumer_procs="num_consumers")
-        self.untranslated(f"the script's own Ray actor classes ({', '.join(classes)}) and its hand-written PPO "
-                          f"loop (experience from object references, then a learning step per group) are replaced "
-                          f"by the engine's roles: producers sample, consumers score with the reference model and "
-                          f"the reward model, train the policy and the critic, and publish the weights.")
-        self.note("four-role", "the four groups (policy, critic, reference, reward) become one producer and "
-                               "num_consumers consumers, one per rank of the policy group; each consumer holds the "
-                               "policy, the critic, the reference model and the reward model itself, so the "
-                               "critic/initial/reward group sizes have no counterpart.", key="num_consumer_procs")
-        self.note("placement", "@ray.remote(num_gpus=...) classes and their placement groups have no counterpart: "
-                               "launch_distributed places its actors itself (placement_strategy). To smoke-test the "
-                               "legacy script itself on CPUs, run it with `coati-relay legacy-run SCRIPT ...`.")
+        self.untranslated(f"the script's Ray actors ({', '.join(classes)}) and hand-written PPO "
+                          f"loop: the engine's roles replace them.")
+        self.note("four-role", "the four groups become one producer and num_consumers consumers (one per policy "
+                               "rank), each holding all four models: the other groups' sizes have no counterpart.",
+                  key="num_consumer_procs")
+        self.note("placement", "@ray.remote(num_gpus=...) classes and placement groups: launch_distributed places "
+                               "its actors itself; `coati-relay legacy-run SCRIPT ...` runs the legacy script on CPUs.")
 
     def _sizes4(self) -> None:
         p = self.plan
@@ -129,9 +125,8 @@ class FourRoleMapper(_Mapper):
         p.kwargs.update(inference_batch_size="inference_batch_size",
                         inference_microbatch_size="inference_microbatch_size", train_batch_size=ebs,
                         train_minibatch_size=ebs)
-        self.note("batch-sizes", f"each policy rank sampled {ebs} prompts per time step and learned on every "
-                                 f"experience batch of {ebs} with one optimizer step, {rounds} time step(s) per "
-                                 f"learning stage; a round here holds {rounds} such batch(es) per consumer.",
+        self.note("batch-sizes", f"each policy rank took an optimizer step per batch of {ebs} prompts, {rounds} "
+                                 f"batch(es) per learning stage: a round holds as many per consumer.",
                   key="inference_batch_size")
 
     def _models4(self) -> None:
@@ -147,33 +142,26 @@ class FourRoleMapper(_Mapper):
         p.kwargs["critic_model_config"] = f'{{"path": {pretrain}}}'
         trained = self._flag("rm_path", "rm_checkpoint")
         if trained:
-            p.prelude += [f"reward_model_path = {reward}", f"if {trained}:",
-                          f"    reward_model_path = {self.helper('legacy_reward_model')}(reward_model_path, {trained})"]
-            p.kwargs["reward_model_config"] = '{"path": reward_model_path}'
+            p.kwargs["reward_model_config"] = f'{{"path": {self.helper("legacy_reward_model")}({reward}, {trained})}}'
         else:
             p.kwargs["reward_model_config"] = f'{{"path": {reward}}}'
         if "lora_rank" in self.script.flags:
             family = self._flag("model") or "None"
-            p.prelude += [f'train_model_config = {{"path": {pretrain}}}',
-                          f"lora = {self.helper('lora_config')}(args.lora_rank, {family})",
-                          "if lora:", '    train_model_config["lora"] = lora']
-            p.kwargs["train_model_config"] = "train_model_config"
-            self.note("lora", "lora_rank -> train_model_config['lora'] (peft): rank r, alpha=1 (the legacy scaling "
-                              "was 1/r), the linear layers the legacy LoRA replaced (see lora_config); only the "
-                              "adapters train and are published to the producers. The engine's critic trains "
-                              "fully.", key="train_model_config")
+            p.kwargs["train_model_config"] = (f'{{"path": {pretrain}, '
+                                              f'"lora": {self.helper("lora_config")}(args.lora_rank, {family})}}')
+            self.note("lora", "lora_rank -> train_model_config['lora'] (peft, alpha=1: the legacy 1/r scaling): "
+                              "only the adapters train and are published; the critic trains fully.",
+                      key="train_model_config")
         else:
             p.kwargs["train_model_config"] = f'{{"path": {pretrain}}}'
         if "model" in self.script.flags:
-            self.note("models", "--model (the model family) is no longer chosen: the checkpoint's config.json sets "
-                                "the architecture.", key="train_model_config")
+            self.note("models", "--model: the checkpoint's config.json sets the architecture.",
+                      key="train_model_config")
         if trained:
-            self.note("four-role", f"the trained legacy reward model ({trained}: the state dict of the critic class's "
-                                   f"body and value head on {reward}) is written once as a sequence classifier with "
-                                   f"one label (legacy_reward_model), which the engine loads. The engine reads the "
-                                   f"score at the last real token, the legacy RewardModel the mean over all positions "
-                                   f"but the last: the same head gives other numbers. Without {trained} each side "
-                                   f"scores with a random head of its own.", key="reward_model_config")
+            self.note("four-role", f"{trained} (a legacy RewardModel's state dict on {reward}) becomes a one-label "
+                                   f"sequence classifier (legacy_reward_model) scoring the last real token, where the "
+                                   f"legacy one averaged the positions; without it each side has a random head.",
+                      key="reward_model_config")
         else:
             self.note("four-role", f"DECIDE: the reward model. The legacy reward group built the critic class on "
                                    f"{reward} and scored with its value head; the engine loads "
@@ -223,10 +211,9 @@ class FourRoleMapper(_Mapper):
         value_clip = self._flag("value_clip") or repr(_parameter_default(s.tree, "value_clip") or 0.4)
         p.kwargs["grpo_config"] = (f'{{"lr": {lr}, "critic_lr": {lr}, "kl_coef": {kl}, "clip_eps_low": {clip}, '
                                    f'"clip_eps_high": {clip}, "value_clip": {value_clip}}}')
-        self.note("kl-and-advantages", "compute_reward subtracted kl_coef times a sequence-level KL estimate from "
-                                       "the reward and the script used advantage = reward - value; the engine's PPO "
-                                       "puts -kl_coef*KL on every response token and estimates advantages with GAE "
-                                       "(gamma, lam in grpo_config).", key="grpo_config")
+        self.note("kl-and-advantages", "compute_reward's sequence-level KL penalty and advantage = reward - value "
+                                       "become -kl_coef*KL on every response token and GAE (gamma, lam in "
+                                       "grpo_config).", key="grpo_config")
         p.kwargs["core_algo"] = '"PPO"'
         p.kwargs["num_generations"] = "1"
 
@@ -236,29 +223,36 @@ class FourRoleMapper(_Mapper):
             self.plan.kwargs["plugin_config"] = '{"plugin": "ddp"}'
             return
         self.plan.kwargs["plugin_config"] = f"{self.helper('legacy_plugin_config')}({strategy})"
-        self.note("trainer-strategy", "strategies map to Booster plugins: naive and ddp -> 'ddp', colossalai_zero2 "
-                                      "-> 'zero2', colossalai_gemini -> 'gemini' (fp16, as the legacy strategies). "
-                                      "ZeRO and Gemini need CUDA: on a CPU host add 'allow_cpu_fallback': True to "
-                                      "plugin_config to train with 'ddp'.", key="plugin_config")
+        self.note("trainer-strategy", "ddp, colossalai_zero2 and colossalai_gemini -> the plugins 'ddp', 'zero2' and "
+                                      "'gemini' (fp16 as before); the last two need CUDA.", key="plugin_config")
 
     def _run_length4(self) -> None:
         s, p = self.script, self.plan
-        steps = " * ".join(f"args.{f}" for f in ("num_episodes", "max_timesteps") if f in s.flags)
-        steps = steps or self._flag("steps", "num_steps") or "an unknown number of"
-        p.kwargs["num_episodes"] = self.new_flag(
-            "num_episodes", 'type=int, default=1, help="passes over the prompt file (the run length)"')
-        self.note("run-length", f"the script ran {steps} time steps, each sampling a batch per policy rank "
-                                f"(prompts drawn at random); the engine's run length follows from the data: "
-                                f"num_episodes passes over the prompt file, one round per "
-                                f"inference_batch_size*num_producers prompts.", key="num_episodes")
+        steps = self._flag("steps", "num_steps")
+        if steps is not None:  # one time step = one round (weight version): the run holds that many rounds
+            p.kwargs["num_episodes"] = "num_episodes"
+            spec = f'type=int, default=None, help="prompt file passes (default: enough for --{steps[5:]})"'
+            p.prelude += [f"num_episodes = {self.new_flag('num_episodes', spec)} or "
+                          f"{self.helper('episodes_for_rounds')}(",
+                          f"    {steps}, {self.code(s.prompt_path)}, inference_batch_size * num_producers)"]
+            self.note("run-length", f"{steps} time steps (one weight version each, prompts drawn at random) become "
+                                    f"{steps} rounds, rounded up to whole passes over the prompt file.",
+                      key="num_episodes")
+        else:
+            steps = " * ".join(f"args.{f}" for f in ("num_episodes", "max_timesteps") if f in s.flags)
+            steps = steps or "an unknown number of"
+            p.kwargs["num_episodes"] = self.new_flag(
+                "num_episodes", 'type=int, default=1, help="passes over the prompt file (the run length)"')
+            self.note("run-length", f"the script ran {steps} time steps, each sampling a batch per policy rank "
+                                    f"(prompts drawn at random); the engine's run length follows from the data: "
+                                    f"num_episodes passes over the prompt file, one round per "
+                                    f"inference_batch_size*num_producers prompts.", key="num_episodes")
         p.kwargs["inference_backend"] = self.new_flag(
-            "inference_backend", 'default="vllm", choices=["vllm", "transformers"], help="how producers generate"')
+            "inference_backend", 'default="vllm", choices=["vllm", "transformers"]')
         self.trackers()
         p.kwargs["run_dir"] = self.new_flag("run_dir", 'default=None, help="metrics and checkpoints go here"')
         saves = [n for n in ast.walk(s.tree) if call_name(n) in ("save_model", "save_checkpoint")]
-        if saves:
-            self.note("four-role", "the policy's checkpoint goes to run_dir/checkpoints (RunResult.checkpoints), "
-                                   "not to the script's save path.", key="run_dir", line=saves[0].lineno)
+        self.seed_and_save_dir("the policy's state dict (actor.pt)" if saves else "its outputs")
 
 
 def build_four_role_plan(script: LegacyScript) -> Plan:

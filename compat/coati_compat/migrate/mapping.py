@@ -9,11 +9,12 @@ from __future__ import annotations
 import ast
 from typing import Any, Dict, List, Optional
 
-from coati_compat.migrate import custom_mapping, emitted
+from coati_compat.migrate import custom_mapping
 from coati_compat.migrate.analyze import ActorCall, LegacyScript
 from coati_compat.migrate.builder import MappingContext, Plan
 from coati_compat.migrate.expressions import args_refs, evaluate, portable_flag_call, source
 from coati_compat.migrate.training_mapping import map_algorithm, map_generation, map_models, map_plugin
+from coati_relay.parts import from_legacy
 
 UPSTREAM_PROMPT_TOKENS = 96
 
@@ -178,7 +179,7 @@ class _Mapper(MappingContext):
                 "(update_steps*train_batch_size*num_trainers samples) and rounded up until the engine's sizes "
                 "tile.")
         try:
-            ibs, _ = emitted.round_sizes(values["np"], values["nc"], values["ebs"], values["tbs"], values["us"])
+            ibs, _ = from_legacy.round_sizes(values["np"], values["nc"], values["ebs"], values["tbs"], values["us"])
             per_round = ibs * values["np"]
             text += (f" With the legacy defaults: {ibs}*{values['np']} = {per_round} prompts per round, "
                      f"{per_round // (values['tbs'] * values['nc'])} optimizer step(s) per consumer per weight "
@@ -210,11 +211,10 @@ class _Mapper(MappingContext):
                 self.note("unread", "no prompt CSV (pd.read_csv(<path>)) with a plain path was found; pass "
                                     "--prompt_path.", key="train_dataset_config", line=s.prompt_path_line)
         else:
-            self.note("dataset", "the legacy collate function cut or padded every prompt of the CSV's prompt "
-                                 "column to exactly prompt_tokens tokens; the engine reads the same column (raw "
-                                 "text, no chat template), pads per batch and cuts over-long prompts on the left, "
-                                 "keeping their end. The data loader ran inside each maker; here the engine "
-                                 "samples the prompts.", key="train_dataset_config", line=s.prompt_path_line)
+            self.note("dataset", "the legacy collate (in each maker) cut or padded each prompt to exactly "
+                                 "prompt_tokens tokens; the engine samples the same CSV column (raw text, no chat "
+                                 "template), pads per batch and keeps an over-long prompt's first prompt_tokens.",
+                      key="train_dataset_config", line=s.prompt_path_line)
         self.plan.kwargs["train_dataset_config"] = f'{{"path": {path}, "max_length": prompt_tokens}}'
 
     def _run_length(self, sizes: Dict[str, Any]) -> None:
@@ -245,9 +245,11 @@ class _Mapper(MappingContext):
             self.note("run-length", "workingloop(num_epochs=...) has no counterpart: use num_episodes.",
                       key="num_episodes", line=loop.line)
         p.kwargs["inference_backend"] = self.new_flag(
-            "inference_backend", 'default="vllm", choices=["vllm", "transformers"], help="how producers generate"')
+            "inference_backend", 'default="vllm", choices=["vllm", "transformers"]')
         self.trackers()
         p.kwargs["run_dir"] = self.new_flag("run_dir", 'default=None, help="metrics and checkpoints go here"')
+        saved = [m for m in ("strategy_save_actor", "strategy_save_critic") if s.method_calls(m)]
+        self.seed_and_save_dir(f"{' and '.join(saved)}() files" if saved else "its outputs")
 
     def _leftover_keywords(self, maker: Optional[ActorCall], trainer: Optional[ActorCall]) -> None:
         seen = set()

@@ -1,6 +1,8 @@
 """The ``# NOTE:`` comments of a migrated script: one topic per legacy concept, each with an anchor in the guide.
 
-``TOPICS`` is the one table: a test checks that ``migration_guide/rewriter.md`` has an anchor for every topic.
+``TOPICS`` is the one table: a test checks that ``migration_guide/rewriter.md`` has an anchor for every topic. A
+NOTE points to its section with the command that prints it where the user works, ``coati-relay docs TOPIC``
+(`coati_relay.guide`); ``Note.link`` is the page and anchor in this repository (what compare reports cite).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ TOPICS = {
     "custom-classes": "subclasses of legacy classes",
     "four-role": "four-role scripts (own Ray actors for policy, critic, reference, reward)",
     "unused-flags": "command-line flags without effect",
+    "seed-and-save-dir": "--seed and --save_dir",
     "unread": "values the rewriter could not read",
     "ppo-to-grpo": "PPO becomes the GRPO family (--target colossalchat)",
     "rewards": "the reward model becomes a rule-based reward (--target colossalchat)",
@@ -56,9 +59,16 @@ class Note:
     def link(self) -> str:
         return f"{GUIDE_PAGE}#{self.topic}"
 
+    @property
+    def command(self) -> str:
+        """The command that prints this NOTE's section of the guide."""
+        return f"coati-relay docs {self.topic}"
+
     def comment(self, indent: str = "", width: int = 116) -> List[str]:
-        """The NOTE as comment lines: ``# NOTE: <text> (line N) See <link>``."""
+        """The NOTE as comment lines: ``# NOTE: <text> (legacy line N) (`coati-relay docs TOPIC`)``."""
         where = f" (legacy line {self.line})" if self.line else ""
-        body = f"{self.text}{where} See {self.link}"
-        lines = textwrap.wrap(body, width=width - len(indent) - 8, break_on_hyphens=False, break_long_words=False)
+        command = f"(`{self.command}`)".replace(" ", "\0")  # one word: never split over two lines
+        body = f"{self.text}{where} {command}"
+        lines = [line.replace("\0", " ") for line in textwrap.wrap(body, width=width - len(indent) - 8,
+                                                                     break_on_hyphens=False, break_long_words=False)]
         return [f"{indent}# NOTE: {lines[0]}"] + [f"{indent}#       {line}" for line in lines[1:]]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
-from coati_compat.migrate import emitted, emitted_colossalchat
+from coati_compat.migrate import emitted_colossalchat
 from coati_compat.migrate.analyze import analyze_source, nothing_to_migrate
 from coati_compat.migrate.colossalchat import KWARG_ORDER as COLOSSALCHAT_ORDER
 from coati_compat.migrate.colossalchat import to_colossalchat
@@ -25,18 +25,21 @@ from coati_compat.migrate.custom_mapping import for_colossalchat
 from coati_compat.migrate.four_role import build_four_role_plan, is_four_role
 from coati_compat.migrate.mapping import Plan, build_plan
 from coati_compat.migrate.notes import Note
+from coati_relay.parts import from_legacy
 
 # launch_distributed's keywords in the order of its signature (then the engine's additions).
 KWARG_ORDER = ("num_producers", "num_proc_per_producer", "num_consumer_procs", "num_episodes", "inference_batch_size",
                "inference_microbatch_size", "train_batch_size", "train_minibatch_size", "train_dataset_config",
                "inference_model_config", "generate_config", "train_model_config", "grpo_config", "plugin_config",
                "inference_backend", "num_generations", "core_algo", "project_name", "critic_model_config",
-               "reward_model_config", "run_dir", "report_to")
+               "reward_model_config", "run_dir", "save_dir", "seed", "timeout_s", "report_to")
 WIDTH = 116
 TARGETS = ("coati_relay", "colossalchat")
-_HELPER_TABLES = {"legacy_plugin_config": "LEGACY_STRATEGY_PLUGINS", "lora_config": "LORA_TARGET_MODULES",
-                  "legacy_hybrid_config": "LEGACY_STRATEGY_HYBRID", "system_prompt": "SYSTEM_PROMPTS"}
-_HELPER_MODULES = (emitted, emitted_colossalchat)
+COMMAND = "coati-relay migrate"
+# A script for this engine imports its helpers from `coati_relay.from_legacy`; one for ColossalChat must run there
+# without coati-relay, so it carries them (these tables with the functions that read them).
+_HELPER_TABLES = {"legacy_hybrid_config": "LEGACY_STRATEGY_HYBRID", "system_prompt": "SYSTEM_PROMPTS"}
+_HELPER_MODULES = (from_legacy, emitted_colossalchat)
 
 
 @dataclass
@@ -183,6 +186,15 @@ def _emitted(name: str) -> Any:
 
 
 def _helpers(plan: Plan) -> List[str]:
+    if plan.target == "coati_relay":
+        if not plan.helpers:
+            return []
+        head = "from coati_relay.from_legacy import "
+        lines = textwrap.wrap(", ".join(sorted(plan.helpers)), width=WIDTH - len(head) - 1, break_on_hyphens=False)
+        if len(lines) > 1:
+            lines = [f"({lines[0]}"] + [" " * (len(head) + 1) + line for line in lines[1:-1]] + [
+                " " * (len(head) + 1) + lines[-1] + ")"]
+        return [head + lines[0]] + lines[1:] + [""]
     out: List[str] = []
     for name in sorted(plan.helpers):
         if name in _HELPER_TABLES:
@@ -196,13 +208,14 @@ def _helpers(plan: Plan) -> List[str]:
 def _main(plan: Plan) -> List[str]:
     """``main()``: this engine's, or ColossalChat's with the one import line to change and its Ray start."""
     extra = "".join(f", {key}={code}" for key, code in plan.main_kwargs.items())
+    parsed = "build_parser().parse_args(argv)"
     if plan.target == "coati_relay":
         return ["def main(argv=None):",
                 "    from coati_relay import launch_distributed  # imported here: reading launch_kwargs stays cheap",
                 "",
-                "    args = build_parser().parse_args(argv)"] + [
-                f"    {line}".rstrip() for line in plan.main_prelude] + [
-                f"    result = launch_distributed(**launch_kwargs(args){extra})",
+                *([f"    args = {parsed}"] + [f"    {line}".rstrip() for line in plan.main_prelude]
+                  if plan.main_prelude else []),
+                f"    result = launch_distributed(**launch_kwargs({'args' if plan.main_prelude else parsed}){extra})",
                 "    print(result.summary)",
                 "    return result"]
     return ["def main(argv=None):",
@@ -221,8 +234,9 @@ def _main(plan: Plan) -> List[str]:
             "    return result"]
 
 
-def render(plan: Plan) -> str:
-    """The migrated script's source for ``plan``."""
+def render(plan: Plan, command: str = COMMAND) -> str:
+    """The migrated script's source for ``plan``; ``command``: how the user ran the rewriter (named in the
+    docstring)."""
     stem = re.sub(r"[^\w.-]", "_", plan.script_name.rsplit(".", 1)[0])
     cc = plan.target == "colossalchat"
     order = COLOSSALCHAT_ORDER if cc else KWARG_ORDER
@@ -231,12 +245,11 @@ def render(plan: Plan) -> str:
     notes = [Note(*n) for n in notes]
     header = [n for n in notes if n.key not in plan.kwargs]
     new_flags = ", ".join(f.split('"')[1] for f in plan.new_flags)
-    kept = ("The legacy command-line flags keep their names and defaults; added" if plan.legacy_flags
+    kept = ("The legacy flags keep their names and defaults; added" if plan.legacy_flags
             else "The legacy script took no command-line flags; these are new")
-    command = "--target colossalchat " if cc else ""
-    about = (f"Written by `python -m coati_compat.migrate {command}{stem}.py`. {kept}: {new_flags}. Every "
-             f"`# NOTE:` says what happened to a legacy setting without an exact counterpart, with a link into the "
-             f"migration guide.")
+    target_flag = "--target colossalchat " if cc else ""
+    about = (f"Written by `{command} {target_flag}{stem}.py`. {kept}: {new_flags}. A `# NOTE:` marks each legacy "
+             f"setting without an exact counterpart, with the command that explains it.")
     if cc:
         about = ("The call is ColossalChat's launch_distributed (coati.distributed, ColossalAI 4f9953be3): it runs on "
                  "coati-relay as written and on ColossalChat after the one import line in main() is changed. "
@@ -250,15 +263,15 @@ def render(plan: Plan) -> str:
         "import argparse",
     ]
     imports = ["argparse"] + (["csv", "json"] if "write_prompts_jsonl" in plan.helpers else [])
-    imports += ["math"] if "round_sizes" in plan.helpers else []
+    imports += ["math"] if "round_sizes" in plan.helpers and cc else []
     imports += ["os"] if "write_prompts_jsonl" in plan.helpers else []
     imports += [line.split()[1] for line in plan.user_imports if re.fullmatch(r"import \w+", line)]
     lines += [f"import {name}" for name in sorted(set(imports)) if name != "argparse"]
     other = [line for line in plan.user_imports if not re.fullmatch(r"import \w+", line)]
-    lines += ["from typing import Any, Dict", ""] + other + ([""] if other else [])
+    lines += ["from typing import Any, Dict", ""] + other + (([] if cc else _helpers(plan)) or ([""] if other else []))
     for note in sorted(header, key=lambda n: not n.text.startswith("NOT TRANSLATED")):
         lines += note.comment()
-    lines += ["", ""] + _helpers(plan) + plan.user_code
+    lines += ["", ""] + (_helpers(plan) if cc else []) + plan.user_code
     lines += ["def build_parser() -> argparse.ArgumentParser:",
               f'    parser = argparse.ArgumentParser(description="{stem} on {target}")']
     for flag in plan.legacy_flags + plan.new_flags:
@@ -296,12 +309,13 @@ def double_quotes(code: str) -> str:
     return "".join(lines)
 
 
-def migrate_source(text: str, name: str = "legacy_script.py", target: str = "coati_relay") -> Migration:
+def migrate_source(text: str, name: str = "legacy_script.py", target: str = "coati_relay",
+                   command: str = COMMAND) -> Migration:
     """Migrates the source of a legacy launch script (it is parsed, never run).
 
     target: ``coati_relay`` (this engine, PPO with a critic and a reward model as the legacy script had) or
     ``colossalchat`` (ColossalChat's launch_distributed: the GRPO family, rule-based rewards; see
-    `coati_compat.migrate.colossalchat`).
+    `coati_compat.migrate.colossalchat`). command: how the user ran the rewriter (the docstring names it).
     """
     if target not in TARGETS:
         raise ValueError(f"unknown migration target {target!r}; use one of {list(TARGETS)}")
@@ -314,15 +328,15 @@ def migrate_source(text: str, name: str = "legacy_script.py", target: str = "coa
         raise ValueError(nothing_to_migrate(name))
     if target == "colossalchat":
         plan = for_colossalchat(to_colossalchat(plan, script))
-    migrated = double_quotes(render(plan))
+    migrated = double_quotes(render(plan, command))
     compile(migrated, f"<migrated {name}>", "exec")  # the rewriter's own output must always be valid Python
     return Migration(legacy_name=name, script=migrated, notes=plan.notes, untranslated=plan.untranslated,
                      target=target)
 
 
-def migrate_file(path: Union[str, Path], target: str = "coati_relay") -> Migration:
-    """Migrates the legacy launch script at ``path`` (``target``: see `migrate_source`)."""
+def migrate_file(path: Union[str, Path], target: str = "coati_relay", command: str = COMMAND) -> Migration:
+    """Migrates the legacy launch script at ``path`` (``target``, ``command``: see `migrate_source`)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"legacy script {path} does not exist; pass the path of a .py launch script")
-    return migrate_source(path.read_text(encoding="utf-8"), name=path.name, target=target)
+    return migrate_source(path.read_text(encoding="utf-8"), name=path.name, target=target, command=command)

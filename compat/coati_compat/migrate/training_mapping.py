@@ -8,10 +8,10 @@ import ast
 from typing import Any, Dict, Optional, Tuple
 
 from coati_compat.legacy.tables import LEGACY_LR, LEGACY_STRATEGIES, STRATEGY_DEFAULTS, class_plugin_config
-from coati_compat.migrate import emitted
 from coati_compat.migrate.analyze import ActorCall, ModelRef
 from coati_compat.migrate.builder import MappingContext
 from coati_compat.migrate.expressions import args_refs, call_name, literal
+from coati_relay.parts import from_legacy
 
 LEGACY_KL_COEF = 0.1
 # Strategy class -> the first legacy strategy name that built it with its defaults.
@@ -219,12 +219,12 @@ def map_plugin(b: MappingContext, maker: Optional[ActorCall], trainer: Optional[
         names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} & set(_STRATEGY_CLASSES)
         strategy = repr(_STRATEGY_CLASSES[sorted(names)[0]]) if len(names) == 1 else None
     ok, value = literal(ast.parse(strategy, mode="eval").body) if strategy else (False, None)
-    if strategy is None or (ok and value not in emitted.LEGACY_STRATEGY_PLUGINS):
+    if strategy is None or (ok and value not in from_legacy.LEGACY_STRATEGY_PLUGINS):
         b.plan.kwargs["plugin_config"] = '{"plugin": "ddp"}'
         b.note("unread", "the trainer's strategy_fn was not read; using the 'ddp' plugin.", key="plugin_config",
                line=trainer.line)
         return
-    b.plan.kwargs["plugin_config"] = (repr(emitted.legacy_plugin_config(value)) if ok
+    b.plan.kwargs["plugin_config"] = (repr(from_legacy.legacy_plugin_config(value)) if ok
                                       else f"{b.helper('legacy_plugin_config')}({strategy})")
     if not (ok and value == "ddp"):
         _note_strategy(b)

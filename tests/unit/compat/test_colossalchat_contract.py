@@ -104,7 +104,8 @@ MODEL_KEYS = ("path", "checkpoint_path")
 
 # What only this engine has: allowed in the default target's calls, listed so that a new one is a decision.
 ENGINE_EXTENSIONS = {"critic_model_config": "PPO's critic", "reward_model_config": "a reward model",
-                     "run_dir": "metrics and checkpoints", "report_to": "trackers besides metrics.jsonl"}
+                     "run_dir": "metrics and checkpoints", "report_to": "trackers besides metrics.jsonl",
+                     "seed": "a legacy --seed", "timeout_s": "a legacy --timeout_s"}
 ENGINE_SECTION_EXTENSIONS = {
     "grpo_config": ("critic_lr", "kl_coef", "value_clip", "ppo_epochs", "lr_scheduler", "policy_loss", "value_loss"),
     "generate_config": ("max_new_tokens",),  # vLLM's max_tokens under transformers' name
@@ -115,9 +116,10 @@ ENGINE_SECTION_EXTENSIONS = {
 
 ROOT = Path(__file__).resolve().parents[3]
 LEGACY = sorted((ROOT / "examples" / "legacy").glob("*.py"))
-# Values for the flags each example requires (read, never opened: launch_kwargs only computes keywords).
+# Values for the flags each example requires (read, never opened: launch_kwargs only computes keywords; with the
+# run length given, a four-role script's --steps is not turned into passes over the prompt file).
 FLAGS = {"prompt_path": "prompts.csv", "prompt_csv": "prompts.csv", "pretrain": "/models/actor",
-         "critic_pretrain": "/models/critic"}
+         "critic_pretrain": "/models/critic", "num_episodes": 1}
 
 
 def colossalchat_stub() -> inspect.Signature:

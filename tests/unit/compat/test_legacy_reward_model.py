@@ -1,4 +1,4 @@
-"""`legacy_reward_model`, the helper migrated four-role scripts carry: a legacy ``RewardModel`` state dict
+"""`legacy_reward_model`, the helper migrated four-role scripts import: a legacy ``RewardModel`` state dict
 (``--rm_path``) becomes the sequence classifier ``reward_model_config["path"]`` loads, with the same scores."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from coati_compat.migrate import migrate_file
-from coati_compat.migrate.emitted import legacy_reward_model
+from coati_relay.from_legacy import legacy_reward_model
 from coati_relay.rewards.reward_model import RewardModelScorer
 from coati_relay.toy import build_tiny_model
 
@@ -109,7 +109,7 @@ def test_bad_state_dicts_name_the_problem(gpt2, tmp_path, keys, error):
 def test_four_role_rm_path_maps_to_the_converted_checkpoint(gpt2, tmp_path):
     trained_reward_model(gpt2, tmp_path / "rm.pt")
     m = migrate_file(LEGACY / "four_role_ppo.py")
-    args = {"pretrain": str(gpt2), "prompt_csv": "p.csv", "workers_per_role": 2}
+    args = {"pretrain": str(gpt2), "prompt_csv": "p.csv", "workers_per_role": 2, "num_episodes": 1}
     assert m.launch_kwargs(args)["reward_model_config"] == {"path": str(gpt2)}
     kw = m.launch_kwargs({**args, "rm_path": str(tmp_path / "rm.pt")})
     assert kw["reward_model_config"] == {"path": f"{tmp_path / 'rm.pt'}.relay"}

@@ -15,8 +15,8 @@ import yaml
 
 from coati_compat.migrate import analyze_source, migrate_file, migrate_source
 from coati_compat.migrate.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_PARTIAL, main
-from coati_compat.migrate.emitted import round_sizes
 from coati_compat.migrate.notes import GUIDE_PAGE, TOPICS
+from coati_relay.from_legacy import round_sizes
 
 ROOT = Path(__file__).resolve().parents[3]
 LEGACY = ROOT / "examples" / "legacy"
@@ -98,7 +98,7 @@ def test_every_example_becomes_a_ppo_launch_with_notes(migrations, name):
 
 def test_many_roles_maps_the_ci_configuration(migrations):
     from coati_compat.legacy.tables import plugin_config
-    from coati_compat.migrate.emitted import beyond_defaults
+    from coati_compat.migrate.plugin_defaults import beyond_defaults
 
     m = migrations["ppo_many_roles.py"]
     assert m.complete
@@ -119,9 +119,9 @@ def test_many_roles_maps_the_ci_configuration(migrations):
     topics = {n.topic for n in m.notes}
     assert {"routing", "placement", "buffer", "learning-rate", "batch-sizes", "unused-flags"} <= topics
     buffer = next(n for n in m.notes if n.topic == "buffer")
-    assert "buffer_limit=16" in buffer.text and f"{GUIDE_PAGE}#buffer" in m.script
+    assert "buffer_limit=16" in buffer.text and "(`coati-relay docs buffer`)" in m.script
     unused = next(n for n in m.notes if n.topic == "unused-flags").text
-    assert "--save_dir" in unused and "--pretrain" not in unused
+    assert "--save_dir" not in unused and "--pretrain" not in unused and kw["save_dir"] is None, "--save_dir: mapped"
 
 
 def test_every_strategy_choice_translates(migrations):
@@ -129,7 +129,7 @@ def test_every_strategy_choice_translates(migrations):
     which keeps the legacy fp16 and loss scale of ZeRO and Gemini, written without the settings the plugin picks by
     itself; the engine accepts each."""
     from coati_compat.legacy.tables import LEGACY_STRATEGIES, plugin_config
-    from coati_compat.migrate.emitted import beyond_defaults
+    from coati_compat.migrate.plugin_defaults import beyond_defaults
     from coati_relay.training.plugins import resolve_plugin
 
     m = migrations["ppo_many_roles.py"]
@@ -157,7 +157,7 @@ def test_a_shortened_strategy_builds_the_plugin_the_whole_one_builds(name):
     from colossalai.booster.plugin import GeminiPlugin, LowLevelZeroPlugin
 
     from coati_compat.legacy.tables import plugin_config
-    from coati_compat.migrate.emitted import COLOSSALAI_DEFAULTS, beyond_defaults
+    from coati_compat.migrate.plugin_defaults import COLOSSALAI_DEFAULTS, beyond_defaults
     from coati_relay.training.plugins import resolve_plugin
 
     classes = {"zero2": LowLevelZeroPlugin, "gemini": GeminiPlugin}
