@@ -49,9 +49,10 @@ def test_no_state_dict_keeps_the_base_reward_model():
 def test_helpers_are_imported_and_notes_name_the_docs_command(name):
     m = migrate_file(LEGACY / name)
     imports = re.findall(r"^from coati_relay\.from_legacy import \(?([\w, \n]+?)\)?$", m.script, re.M)
-    assert len(imports) == 1 and not re.search(r"^(def|[A-Z_]+ = )", m.script.split("def build_parser")[0], re.M)
+    assert len(imports) == 1 and not re.search(r"^(LEGACY_STRATEGY_PLUGINS|LORA_TARGET_MODULES) = ", m.script, re.M)
     for helper in re.findall(r"\w+", imports[0]):
         assert hasattr(from_legacy, helper) and f"{helper}(" in m.script.split("def build_parser")[1]
+        assert f"def {helper}(" not in m.script, f"{helper} is imported, not pasted"
     topics = re.findall(r"\(`coati-relay docs ([\w-]+)`\)", m.script)
     assert len(topics) == len(re.findall(r"^\s*# NOTE:", m.script, re.M)) and set(topics) == {n.topic for n in m.notes}
     for topic in set(topics):
