@@ -94,7 +94,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _docs(args: argparse.Namespace) -> int:
-    from coati_relay import guide
+    from coati_relay.migration import guide
 
     try:
         sys.stdout.write(guide.read(args.topic) if args.topic else guide.index())

@@ -63,7 +63,7 @@ _PARTS: Dict[str, str] = {
 
 # name -> a module published whole
 _MODULES: Dict[str, str] = {"checkpoint_files": "coati_relay.training.checkpoint_files",
-                            "from_legacy": "coati_relay.from_legacy"}
+                            "from_legacy": "coati_relay.migration.from_legacy"}
 
 __all__ = sorted([*_PARTS, *_MODULES])
 

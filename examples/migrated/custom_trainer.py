@@ -11,7 +11,7 @@ import json
 from typing import Any, Dict
 
 from coati_relay.algorithms import masked_mean
-from coati_relay.from_legacy import max_new_tokens, round_sizes
+from coati_relay.migration.from_legacy import max_new_tokens, round_sizes
 
 # NOTE: the callback class MetricsWriter(TrainerCallback) is carried as a hook class below and passed as
 #       launch_distributed(callbacks=[...]) in main(). (legacy line 37) (`coati-relay docs custom-classes`)

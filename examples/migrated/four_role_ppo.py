@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Dict
 
-from coati_relay.from_legacy import (episodes_for_rounds, legacy_plugin_config, legacy_reward_model, lora_config,
-                                     round_sizes)
+from coati_relay.migration.from_legacy import (episodes_for_rounds, legacy_plugin_config, legacy_reward_model,
+                                               lora_config, round_sizes)
 
 # NOTE: NOT TRANSLATED: the script's Ray actors (PolicyWorker, ValueWorker, ReferenceWorker, RewardWorker) and
 #       hand-written PPO loop: the engine's roles replace them. (`coati-relay docs custom-classes`)

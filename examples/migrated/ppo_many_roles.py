@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Dict
 
-from coati_relay.from_legacy import legacy_plugin_config, lora_config, max_new_tokens, round_sizes
+from coati_relay.migration.from_legacy import legacy_plugin_config, lora_config, max_new_tokens, round_sizes
 
 # NOTE: .options(max_concurrency, name, num_gpus) on the legacy actors has no counterpart: launch_distributed
 #       creates and places its actors itself (a GPU each where the cluster has enough, CPU shares otherwise).

@@ -1,11 +1,11 @@
-"""``coati-relay docs [TOPIC]``: the migration guide as installed with the package (`coati_relay.guide`)."""
+"""``coati-relay docs [TOPIC]``: the migration guide as installed with the package (`coati_relay.migration.guide`)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from coati_relay import guide
+from coati_relay.migration import guide
 from coati_relay.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]

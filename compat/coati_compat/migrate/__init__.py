@@ -4,8 +4,8 @@ script (and a YAML config for ``coati-relay run``).
     coati-relay migrate mmmt_prompt.py -o mmmt_prompt_relay.py --yaml mmmt_prompt.yaml
 
 (or ``python -m coati_compat.migrate ...``). The legacy script is read with `ast`, never run; the migrated script
-imports its helpers from `coati_relay.from_legacy`. See ``migration_guide/rewriter.md`` (``coati-relay docs rewriter``)
-for the mapping it applies.
+imports its helpers from `coati_relay.migration.from_legacy`. See ``migration_guide/rewriter.md`` (``coati-relay docs
+rewriter``) for the mapping it applies.
 """
 from __future__ import annotations
 

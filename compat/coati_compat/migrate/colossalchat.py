@@ -181,7 +181,7 @@ class _Retarget:
                              "the verifier checks.", key="grpo_config")
 
     def _run_length(self) -> None:
-        """A step count read from the prompt file (`coati_relay.from_legacy.episodes_for_rounds`) becomes
+        """A step count read from the prompt file (`coati_relay.migration.from_legacy.episodes_for_rounds`) becomes
         ``--num_episodes`` (default 1): the script must run on ColossalChat without coati-relay."""
         p = self.plan
         if "episodes_for_rounds" not in p.helpers:

@@ -2,7 +2,7 @@
 
 ``TOPICS`` is the one table: a test checks that ``migration_guide/rewriter.md`` has an anchor for every topic. A
 NOTE points to its section with the command that prints it where the user works, ``coati-relay docs TOPIC``
-(`coati_relay.guide`); ``Note.link`` is the page and anchor in this repository (what compare reports cite).
+(`coati_relay.migration.guide`); ``Note.link`` is the page and anchor in this repository (what compare reports cite).
 """
 from __future__ import annotations
 

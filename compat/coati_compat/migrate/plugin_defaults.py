@@ -1,6 +1,6 @@
-"""Where ``coati_relay.from_legacy.LEGACY_STRATEGY_PLUGINS`` (what migrated scripts import) comes from: each legacy
-``--trainer_strategy`` of the one table (`coati_compat.legacy.tables`) as a plugin_config without the settings its
-plugin picks anyway. A test checks that the engine's table is `strategy_plugins()`.
+"""Where ``coati_relay.migration.from_legacy.LEGACY_STRATEGY_PLUGINS`` (what migrated scripts import) comes from:
+each legacy ``--trainer_strategy`` of the one table (`coati_compat.legacy.tables`) as a plugin_config without the
+settings its plugin picks anyway. A test checks that the engine's table is `strategy_plugins()`.
 """
 from __future__ import annotations
 

@@ -36,8 +36,8 @@ KWARG_ORDER = ("num_producers", "num_proc_per_producer", "num_consumer_procs", "
 WIDTH = 116
 TARGETS = ("coati_relay", "colossalchat")
 COMMAND = "coati-relay migrate"
-# A script for this engine imports its helpers from `coati_relay.from_legacy`; one for ColossalChat must run there
-# without coati-relay, so it carries them (these tables with the functions that read them).
+# A script for this engine imports its helpers from `coati_relay.migration.from_legacy`; one for ColossalChat must run
+# there without coati-relay, so it carries them (these tables with the functions that read them).
 _HELPER_TABLES = {"legacy_hybrid_config": "LEGACY_STRATEGY_HYBRID", "system_prompt": "SYSTEM_PROMPTS"}
 _HELPER_MODULES = (from_legacy, emitted_colossalchat)
 
@@ -189,7 +189,7 @@ def _helpers(plan: Plan) -> List[str]:
     if plan.target == "coati_relay":
         if not plan.helpers:
             return []
-        head = "from coati_relay.from_legacy import "
+        head = f"from {from_legacy.__name__} import "
         lines = textwrap.wrap(", ".join(sorted(plan.helpers)), width=WIDTH - len(head) - 1, break_on_hyphens=False)
         if len(lines) > 1:
             lines = [f"({lines[0]}"] + [" " * (len(head) + 1) + line for line in lines[1:-1]] + [

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from coati_compat.migrate import migrate_file
-from coati_relay.from_legacy import legacy_reward_model
+from coati_relay.migration.from_legacy import legacy_reward_model
 from coati_relay.rewards.reward_model import RewardModelScorer
 from coati_relay.toy import build_tiny_model
 

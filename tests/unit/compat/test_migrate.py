@@ -16,7 +16,7 @@ import yaml
 from coati_compat.migrate import analyze_source, migrate_file, migrate_source
 from coati_compat.migrate.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_PARTIAL, main
 from coati_compat.migrate.notes import GUIDE_PAGE, TOPICS
-from coati_relay.from_legacy import round_sizes
+from coati_relay.migration.from_legacy import round_sizes
 
 ROOT = Path(__file__).resolve().parents[3]
 LEGACY = ROOT / "examples" / "legacy"

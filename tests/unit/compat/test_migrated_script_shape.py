@@ -1,6 +1,6 @@
-"""What a migrated script holds beside its launch call: its helpers imported from `coati_relay.from_legacy` (not
-pasted), the legacy --steps/--seed/--save_dir/--timeout_s mapped, NOTEs that name `coati-relay docs TOPIC`, and a
-docstring that names the command the user ran."""
+"""What a migrated script holds beside its launch call: its helpers imported from
+`coati_relay.migration.from_legacy` (not pasted), the legacy --steps/--seed/--save_dir/--timeout_s mapped, NOTEs
+that name `coati-relay docs TOPIC`, and a docstring that names the command the user ran."""
 from __future__ import annotations
 
 import re
@@ -11,7 +11,7 @@ import pytest
 from coati_compat.migrate import migrate_file
 from coati_compat.migrate.cli import main
 from coati_compat.migrate.plugin_defaults import strategy_plugins
-from coati_relay import from_legacy, guide
+from coati_relay.migration import from_legacy, guide
 
 ROOT = Path(__file__).resolve().parents[3]
 LEGACY = ROOT / "examples" / "legacy"
@@ -48,7 +48,7 @@ def test_no_state_dict_keeps_the_base_reward_model():
 @pytest.mark.parametrize("name", sorted(p.name for p in LEGACY.glob("*.py")))
 def test_helpers_are_imported_and_notes_name_the_docs_command(name):
     m = migrate_file(LEGACY / name)
-    imports = re.findall(r"^from coati_relay\.from_legacy import \(?([\w, \n]+?)\)?$", m.script, re.M)
+    imports = re.findall(r"^from coati_relay\.migration\.from_legacy import \(?([\w, \n]+?)\)?$", m.script, re.M)
     assert len(imports) == 1 and not re.search(r"^(LEGACY_STRATEGY_PLUGINS|LORA_TARGET_MODULES) = ", m.script, re.M)
     for helper in re.findall(r"\w+", imports[0]):
         assert hasattr(from_legacy, helper) and f"{helper}(" in m.script.split("def build_parser")[1]
@@ -75,7 +75,7 @@ def test_four_role_steps_seed_save_dir_and_timeout_are_mapped(tmp_path):
 
 def test_colossalchat_target_keeps_its_own_helpers_and_drops_the_step_count(tmp_path):
     m = migrate_file(FOUR_ROLE, target="colossalchat")
-    assert "coati_relay.from_legacy" not in m.script and "def round_sizes" in m.script
+    assert "coati_relay.migration.from_legacy" not in m.script and "def round_sizes" in m.script
     assert "episodes_for_rounds" not in m.script and "(`coati-relay docs run-length`)" in m.script
     kw = m.launch_kwargs({"pretrain": "/m", "prompt_csv": "absent.csv"})
     assert kw["num_episodes"] == 1 and "seed" not in kw and "timeout_s" not in kw

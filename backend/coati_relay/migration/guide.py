@@ -1,8 +1,10 @@
 """The migration guide as installed with the package: ``coati-relay docs [TOPIC]``.
 
-The pages are ``migration_guide/*.md`` (shipped as package data under ``coati_relay/migration_guide``). A TOPIC is
-a page's name (``rewriter``, ``api_map``, ...) or an anchor of a page (``<a id="four-role"></a>``, the topics that
-the NOTEs of a migrated script name): the page, or that anchor's section, is printed.
+The pages are the repository's ``migration_guide/*.md``, their one copy: a checkout (an editable install, or the
+source roots on ``PYTHONPATH``) reads them there, and a built wheel holds them beside this module, in ``pages/``
+(``setup.py`` copies them in when it builds). A TOPIC is a page's name (``rewriter``, ``api_map``, ...) or an anchor
+of a page (``<a id="four-role"></a>``, the topics that the NOTEs of a migrated script name): the page, or that
+anchor's section, is printed.
 """
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ import re
 from pathlib import Path
 from typing import Dict, List
 
-PAGES = Path(__file__).resolve().parent / "migration_guide"
+_HERE = Path(__file__).resolve().parent
+# A wheel's copy beside this module, else the checkout's migration_guide/ (backend/coati_relay/migration -> the root).
+PAGES = next((d for d in (_HERE / "pages", _HERE.parents[2] / "migration_guide") if d.is_dir()), _HERE / "pages")
 _ANCHOR = re.compile(r'<a id="([^"]+)"></a>')
 _HEADING = re.compile(r"^(#+) ")
 
