@@ -1,12 +1,17 @@
 """``coati-relay docs [TOPIC]``: the migration guide as installed with the package (`coati_relay.migration.guide`)."""
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from coati_relay.migration import guide
 from coati_relay.cli import main
+from coati_relay.migration import guide
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,3 +51,28 @@ def test_a_missing_installation_says_so(monkeypatch, tmp_path):
     monkeypatch.setattr(guide, "PAGES", tmp_path / "absent")
     with pytest.raises(FileNotFoundError, match="reinstall coati-relay"):
         guide.read("rewriter")
+
+
+def test_a_built_wheel_carries_the_pages(tmp_path):
+    """setup.py copies migration_guide/ into the wheel (no link, no second copy in the repository); the installed
+    package reads its own copy."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for name in ("backend", "compat", "migration_guide"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    build = "from setuptools import build_meta; print(build_meta.build_wheel(%r))" % str(tmp_path / "dist")
+    done = subprocess.run([sys.executable, "-c", build], cwd=src, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with zipfile.ZipFile(tmp_path / "dist" / done.stdout.split()[-1]) as wheel:
+        pages = {n.rsplit("/", 1)[1]: n for n in wheel.namelist() if n.startswith("coati_relay/migration/pages/")}
+        assert sorted(pages) == sorted(p.name for p in (ROOT / "migration_guide").glob("*.md"))
+        assert wheel.read(pages["rewriter.md"]) == (ROOT / "migration_guide" / "rewriter.md").read_bytes()
+        wheel.extractall(tmp_path / "site")
+    show = "from coati_relay.migration import guide; print(guide.PAGES); print(guide.read('four-role')[:40])"
+    done = subprocess.run([sys.executable, "-c", show], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith(str(tmp_path / "site" / "coati_relay" / "migration" / "pages"))
+    assert "(rewriter.md#four-role)" in done.stdout
