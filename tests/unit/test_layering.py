@@ -155,3 +155,10 @@ def test_the_demo_takes_the_legacy_row_from_the_legacy_package():
 
     rows = {entry.name: entry.load() for entry in entry_points(group=DEMO_ROWS_GROUP)}
     assert rows == {"legacy": demo_row}, "pyproject.toml registers coati_compat's row (reinstall after editing it)"
+
+
+def test_the_engine_keeps_at_most_twelve_top_level_modules():
+    modules = sorted(p.stem for p in ENGINE.glob("*.py"))
+    assert "launch" in modules and len(modules) <= 12, (
+        f"backend/coati_relay/ has {len(modules)} top-level modules ({', '.join(modules)}); the front door keeps 12 "
+        "at most: put a new module into the sub-package that holds its kind (config/, observe/, migration/, ...)")
