@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import inspect
 import textwrap
-from typing import Dict, Iterable, Iterator, List, Mapping, Tuple
+from typing import Dict, Iterable, List, Mapping, Tuple
 
 from coati_relay.config.keys import IGNORED_LAUNCH_KEYS
 from coati_relay.config.meaning import Meaning, field_meanings, section_meaning
 from coati_relay.config.schema import SECTIONS
 
-
-def all_meanings() -> Iterator[Meaning]:
-    """Every section's and every field's `Meaning`, in the order of `SECTIONS`."""
-    for cls in SECTIONS:
-        yield from filter(None, [section_meaning(cls), *field_meanings(cls).values()])
+# Every section's and every field's `Meaning`, in the order of `SECTIONS` (read once: the schema does not change).
+MEANINGS: Tuple[Meaning, ...] = tuple(m for cls in SECTIONS
+                                      for m in (section_meaning(cls), *field_meanings(cls).values()) if m)
 
 
 def _item(key: str, keyword: str) -> str:
@@ -32,8 +30,8 @@ def _item(key: str, keyword: str) -> str:
 def keyword_meaning(keyword: str) -> Tuple[str, str]:
     """(origin, meaning) of one launch keyword, the meaning's items (one per key) on lines of their own; KeyError
     where the schema gives the keyword none."""
-    whole = [m for m in all_meanings() if keyword in m.keys]
-    parts = [m for m in all_meanings() if m not in whole and any(k.startswith(keyword + "[") for k in m.keys)]
+    whole = [m for m in MEANINGS if keyword in m.keys]
+    parts = [m for m in MEANINGS if m not in whole and any(k.startswith(keyword + "[") for k in m.keys)]
     if not whole and not parts:
         raise KeyError(f"no field of coati_relay.config.schema says what launch keyword {keyword!r} means")
     origin = (whole or parts)[0].origin
@@ -49,14 +47,14 @@ def keyword_meaning(keyword: str) -> Tuple[str, str]:
 
 def config_keys(keyword: str) -> List[str]:
     """The keys of the config dict ``keyword`` that set a field (``grpo_config``: ``['lr', ...]``)."""
-    return [_item(k, keyword).strip("'") for m in all_meanings() for k in m.keys
+    return [_item(k, keyword).strip("'") for m in MEANINGS for k in m.keys
             if k.startswith(keyword + "[") and not k.endswith("[...]")]
 
 
 def _keywords() -> List[str]:
     """Every launch keyword the schema names, in the order of its fields."""
     names: Dict[str, None] = {}
-    for m in all_meanings():
+    for m in MEANINGS:
         names.update(dict.fromkeys(k.split("[", 1)[0] for k in m.keys))
     return list(names)
 
@@ -73,7 +71,7 @@ def keywords_doc(head: str, keywords: Iterable[str], ignored: Mapping[str, str],
     without effect (``ignored``). ``overrides``: keyword -> (origin, meaning) replacing the schema's."""
     lines = [inspect.cleandoc(head), "", "Keywords:"]
     for name in keywords:
-        origin, text = (overrides or {}).get(name) or keyword_meaning(name)
+        origin, text = (overrides or {}).get(name) or LAUNCH_KEYWORDS.get(name) or keyword_meaning(name)
         head, *items = text.split("\n")
         lines += textwrap.wrap(f"{name} ({origin}): {head}" + ("." if head else ""), width=width,
                                initial_indent="    ", subsequent_indent="        ")
