@@ -118,9 +118,9 @@ def run(cfg: RunConfig) -> RunResult:
     if cfg.roles.colocate:
         from coati_relay.roles.colocated import run_colocated
 
-        start_round = int(_start_state(cfg).get("round", 0))
+        start = _start_state(cfg)
         hooks.run_start(cfg)
-        result = run_colocated(cfg, start_round, hooks)
+        result = run_colocated(cfg, start, hooks)
     else:
         result = _run_disaggregated(cfg, hooks)
     result.export_dir = export_final(cfg, result)
@@ -206,7 +206,7 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
         nodes.update(zip(("rollout-queue", "weight-store"), ray.get([queue.node.remote(), store.node.remote()],
                                                                      timeout=30)))
         setup_s = time.perf_counter() - t_start
-        recorder = RunRecorder(cfg, start_round, hooks)  # consumer rank 0's records, as the queue's report log
+        recorder = RunRecorder(cfg, start, hooks)  # consumer rank 0's records, as the queue's report log
         run_refs = {c.run.remote(): c for c in consumers}  # passes them on
         run_refs.update({p.run.remote(): p for p in producers})
         evals = EvalAggregator(cfg.roles.num_producers)  # the producers' evaluation reports, summed per step

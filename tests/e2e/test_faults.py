@@ -152,14 +152,17 @@ def test_run_killed_between_checkpoints_resumes_without_losing_a_step(ray_cluste
     run_dir, rounds = tmp_path / "run", 16
     kwargs = small_run(tiny_model_path, data, run_dir, num_episodes=rounds // 2, save_interval=4)
     run_to_failure(kill_actor(ray_cluster, "consumer-0"), kwargs, after_steps=5)
-    saved_step = json.loads((list_checkpoints(run_dir)[-1] / "state.json").read_text())["step"]
+    saved = json.loads((list_checkpoints(run_dir)[-1] / "state.json").read_text())
+    saved_step = saved["step"]
     # two-round episodes: ColossalChat's cadence saves at each episode's end (save_interval 4 > 2 rounds)
     assert saved_step in range(2, rounds, 2), "the kill lands before the last round"
     resumed = launch_distributed(**{**kwargs, "resume_from": str(run_dir)})
     assert [h["step"] for h in resumed.history] == list(range(saved_step + 1, rounds + 1))
     assert resumed.history[0]["rollout_version_min"] == saved_step, "producers start from the checkpoint's weights"
-    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == \
-        list(range(1, rounds + 1)), "each step logged once"
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == list(range(1, rounds + 1)), "each step logged once"
+    # the kill can land after the checkpoint and before the driver logs its step: the resumed run logs it then
+    assert {k: logged[saved_step - 1][k] for k in saved["record"]} == saved["record"]
     adam = torch.load(list_checkpoints(run_dir)[-1] / "policy" / "optimizer.pt", map_location="cpu")
     steps = {int(s["step"]) for s in adam["state"].values()}
     assert steps == {rounds}, f"one optimizer step per round over {rounds} rounds, got {steps}"

@@ -16,13 +16,19 @@ from coati_relay.observe.trackers import open_run_trackers
 
 
 class RunRecorder:
-    """The records of a run (`coati_relay.config.schema.RunConfig`) resumed at ``start_round``, passed to ``hooks``
-    (`coati_relay.callbacks.Hooks`)."""
+    """The records of a run (`coati_relay.config.schema.RunConfig`) resumed from the checkpoint state ``start``
+    (``{"round": 0}`` for a fresh run), passed to ``hooks`` (`coati_relay.callbacks.Hooks`).
 
-    def __init__(self, cfg: Any, start_round: int, hooks: Any) -> None:
+    A checkpoint holds the numbers of the round that saved it (``start["record"]``): a run killed after saving and
+    before logging that round gets its line here, so every step up to the checkpoint is logged once."""
+
+    def __init__(self, cfg: Any, start: Mapping[str, Any], hooks: Any) -> None:
         self.cfg, self.hooks = cfg, hooks
+        start_round = int(start.get("round", 0))
         self.logger = MetricsLogger(cfg.checkpointing.run_dir, drop_after=start_round if start_round else None,
                                     trackers=open_run_trackers(cfg))
+        if "record" in start and all(r["step"] != start_round for r in training_records(self.logger.history)):
+            self.logger.log(start_round, start["record"])
         self.bar = ProgressBar.for_run(cfg, start_round)
         self.history: List[Dict[str, Any]] = []
 

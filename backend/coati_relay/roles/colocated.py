@@ -89,20 +89,21 @@ def training_reserve_bytes(backends: Dict[str, Any]) -> int:
                for b in backends.values())
 
 
-def run_colocated(cfg: RunConfig, start_round: int, hooks: Any = None) -> Any:
-    """Trains rounds ``start_round`` .. ``cfg.total_rounds - 1``; returns the run's `RunResult`.
+def run_colocated(cfg: RunConfig, start: Dict[str, Any], hooks: Any = None) -> Any:
+    """Trains rounds ``start["round"]`` .. ``cfg.total_rounds - 1`` (``start``: the state of the checkpoint resumed
+    from, ``{"round": 0}`` for a fresh run); returns the run's `RunResult`.
 
     ``hooks``: the callbacks' `coati_relay.callbacks.Hooks`, called where each metrics line is written.
     Leaves ``os.environ`` as it found it: an engine in this process sets variables (vLLM: ``LD_PRELOAD``,
     ``LOCAL_RANK``, ``RAY_CLIENT_MODE``, inductor settings, ...) that processes started afterwards would inherit."""
     saved = dict(os.environ)
     try:
-        return _run(cfg, start_round, hooks)
+        return _run(cfg, start, hooks)
     finally:
         restore_environ(saved)
 
 
-def _run(cfg: RunConfig, start_round: int, hooks: Any) -> Any:
+def _run(cfg: RunConfig, start: Dict[str, Any], hooks: Any) -> Any:
     from coati_relay.callbacks import Hooks
     from coati_relay.observe.evaluation import eval_metrics
     from coati_relay.observe.recorder import RunRecorder
@@ -110,6 +111,7 @@ def _run(cfg: RunConfig, start_round: int, hooks: Any) -> Any:
     from coati_relay.roles.producer import ProducerWorker
 
     hooks = hooks if hooks is not None else Hooks(cfg.callbacks)
+    start_round = int(start.get("round", 0))
     t_start = time.perf_counter()
     cfg.checkpointing.run_dir.mkdir(parents=True, exist_ok=True)
     consumer = ConsumerWorker(0, cfg, queue=None, weight_store=None)
@@ -133,7 +135,7 @@ def _run(cfg: RunConfig, start_round: int, hooks: Any) -> Any:
         if start_round:  # the engine loaded the initial checkpoint; the consumer resumed from a later one
             consumer.publisher.publish(start_round, tensors=consumer.policy.state_dict_for_inference())
     setup_s = time.perf_counter() - t_start
-    recorder = RunRecorder(cfg, start_round, hooks)
+    recorder = RunRecorder(cfg, start, hooks)
     counters = {"produced": 0, "consumed": 0, "dropped": 0, "in_flight": 0, "produced_samples": 0,
                 "consumed_samples": 0}
     try:

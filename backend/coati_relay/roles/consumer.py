@@ -22,6 +22,7 @@ from coati_relay.cluster.heap import trim_heap
 from coati_relay.cluster.placement import node_id
 from coati_relay.config.schema import RunConfig
 from coati_relay.exchange.publishing import WeightPublisher
+from coati_relay.observe.metrics import round_numbers
 from coati_relay.observe.profiling import PhaseProfiler
 from coati_relay.roles.learner import Learner
 from coati_relay.roles.seeding import seed_everything
@@ -262,27 +263,33 @@ class ConsumerWorker:
         self.round += 1
         with self.profiler.phase("sync_model", self.round - 1):
             metrics.update(self._publish(self.round))  # every rank gathers, rank 0 publishes
-        if save_due(self.round, cfg.rounds_per_episode, cfg.checkpointing.save_interval):
-            with self.profiler.phase("save", self.round - 1):
-                metrics["checkpoint"] = self.save(self.round)
-        self.profiler.round_finished()
         load_s = max((m.get("weight_load_last_s", 0.0) for m in metas), default=0.0)
-        elapsed = max(time.perf_counter() - t0, 1e-9)
         metrics.update({
             "step": self.round, "version": self.round, "rollout_version_min": min(versions),
-            "wait_s": wait_s, "train_s": train_s, "round_s": elapsed,
+            "wait_s": wait_s, "train_s": train_s,
             "train_started_at": started_at, "train_ended_at": started_at + train_s,
             "samples": batch.num_sequences * self.world_size,
-            "samples_per_s": batch.num_sequences * self.world_size / elapsed,
             "generate_s": sum(m.get("generate_s", 0.0) for m in metas),
             "weight_sync_s": metrics.get("weight_publish_s", 0.0) + load_s,
         })
+        if save_due(self.round, cfg.rounds_per_episode, cfg.checkpointing.save_interval):
+            with self.profiler.phase("save", self.round - 1):
+                metrics["checkpoint"] = self.save(self.round, record=metrics)
+        self.profiler.round_finished()
+        elapsed = max(time.perf_counter() - t0, 1e-9)
+        metrics.update(round_s=elapsed, samples_per_s=metrics["samples"] / elapsed)
         return metrics
 
-    def save(self, step: int) -> str:
-        """Writes the checkpoint of ``step`` (every rank takes part; rank 0 writes the files); returns its path."""
+    def save(self, step: int, record: Optional[Dict[str, Any]] = None) -> str:
+        """Writes the checkpoint of ``step`` (every rank takes part; rank 0 writes the files); returns its path.
+
+        ``record``: the metrics of the round that ended at ``step``, when the driver has not logged them yet; the
+        checkpoint keeps their numbers (`coati_relay.observe.metrics.round_numbers`), so a run killed before the
+        driver logs them logs them on resuming (`coati_relay.observe.recorder.RunRecorder`)."""
         from coati_relay.checkpoint import save_checkpoint
 
-        return str(save_checkpoint(self.cfg.checkpointing.save_dir, step, self.backends,
-                                   {"round": step, "version": step}))
+        state: Dict[str, Any] = {"round": step, "version": step}
+        if record is not None:
+            state["record"] = round_numbers(record)
+        return str(save_checkpoint(self.cfg.checkpointing.save_dir, step, self.backends, state))
 
