@@ -57,6 +57,9 @@ def test_state_dict_for_inference_has_hf_names(tiny_model_path):
         assert v.device.type == "cpu" and v.is_contiguous() and torch.equal(v, reference[k]), k
     state["model.norm.weight"].add_(1.0)  # a copy: the live weights do not move
     assert torch.equal(backend.unwrapped().state_dict()["model.norm.weight"], reference["model.norm.weight"])
+    live = backend.state_dict_for_inference(copy=False)  # what a publisher, which copies before returning, gets
+    params = dict(backend.unwrapped().named_parameters())
+    assert live["model.norm.weight"].data_ptr() == params["model.norm.weight"].data_ptr()
 
 
 def test_lora_trains_only_adapters_and_folds_them_for_inference(tiny_model_path):

@@ -26,6 +26,20 @@ def test_flatten_round_trip_keeps_dtypes_and_shapes():
         assert back[k].dtype == sd[k].dtype and torch.equal(back[k], sd[k])
 
 
+def test_flatten_into_earlier_buffers_fills_them_in_place():
+    """A publisher packs the same weights every round: given the last round's buffers, flatten fills those of the same
+    dtype and size instead of allocating new ones, and allocates where the size changed."""
+    sd = {"w": torch.randn(3, 4), "b": torch.randn(4), "ids": torch.arange(5)}
+    first, _ = flatten_state_dict(sd)
+    pointers = {dt: b.data_ptr() for dt, b in first.items()}
+    moved = {k: v + 1 for k, v in sd.items()}
+    second, meta = flatten_state_dict(moved, into=first)
+    assert {dt: b.data_ptr() for dt, b in second.items()} == pointers
+    assert all(torch.equal(v, moved[k]) for k, v in unflatten_state_dict(second, meta).items())
+    grown, _ = flatten_state_dict({**moved, "w": torch.randn(4, 4)}, into=second)
+    assert grown["float32"].numel() == 20 and grown["int64"].data_ptr() == pointers["int64"]
+
+
 def test_merge_lora_replaces_instead_of_accumulating():
     base = {"w": torch.zeros(2, 2)}
     a, b = torch.ones(1, 2), torch.ones(2, 1)
@@ -102,3 +116,19 @@ def test_packed_state_dict_reads_as_the_state_dict_it_packs():
     layer = torch.nn.Linear(2, 3, bias=False).half()
     layer.load_state_dict({"weight": packed["w"]})
     assert torch.equal(layer.weight, sd["w"])
+
+
+@pytest.mark.slow
+def test_versions_packed_into_one_host_buffer_stay_apart_in_the_object_store(ray_cluster):
+    """The publisher packs every version into the buffers of the last one; the object store holds a copy of each,
+    so a version already published keeps its numbers when the next one is packed."""
+    store = make_weight_store()
+    pub, sub = ObjectStorePublisher(store), ObjectStoreSubscriber(store)
+    pub.publish(1, tensors={"w": torch.ones(2, 3)})
+    host = pub._host["float32"].data_ptr()
+    first = ray_cluster.get(store.wait_for.remote(1), timeout=10).payload[0]
+    pub.publish(2, tensors={"w": torch.full((2, 3), 2.0)})
+    assert pub._host["float32"].data_ptr() == host, "the second version reused the first one's host buffer"
+    assert torch.equal(ray_cluster.get(first, timeout=10)["w"], torch.ones(2, 3))
+    version, tensors = sub.fetch(2, timeout_s=10)
+    assert version == 2 and torch.equal(tensors["w"], torch.full((2, 3), 2.0))

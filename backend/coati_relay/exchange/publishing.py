@@ -25,7 +25,8 @@ class WeightPublisher(Protocol):
     def publish(self, version: int, tensors: Optional[Dict[str, torch.Tensor]] = None,
                 adapters: Optional[Adapters] = None, timeout_s: float = 120.0) -> Dict[str, float]:
         """Hands over ``version``: full weights (``tensors``, HF parameter names) or LoRA adapters (``adapters``),
-        exactly one of them. Returns timings in seconds and sizes in bytes (``weight_publish_s``, ...)."""
+        exactly one of them. Returns timings in seconds and sizes in bytes (``weight_publish_s``, ...). What it
+        sends is copied before it returns: the caller may pass the live weights and step the optimizer after."""
         ...
 
 

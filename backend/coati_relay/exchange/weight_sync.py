@@ -20,21 +20,30 @@ from coati_relay.exchange.weight_store import PublishedWeights
 FlatMeta = List[Tuple[str, str, Tuple[int, ...], int, int]]  # name, dtype, shape, offset, numel
 
 
-def flatten_state_dict(tensors: Dict[str, torch.Tensor],
-                       device: Optional[torch.device] = None) -> Tuple[Dict[str, torch.Tensor], FlatMeta]:
+def flatten_state_dict(tensors: Dict[str, torch.Tensor], device: Optional[torch.device] = None,
+                       into: Optional[Dict[str, torch.Tensor]] = None) -> Tuple[Dict[str, torch.Tensor], FlatMeta]:
     """Packs tensors into one contiguous 1-D buffer per dtype on ``device`` (default: the CPU). Returns (buffers by
-    dtype name, meta)."""
+    dtype name, meta). ``into``: the buffers of an earlier call; one of the same dtype, size and device is filled in
+    place instead of allocating a new one (a publisher packs the same weights every round)."""
     by_dtype: Dict[str, List[Tuple[str, torch.Tensor]]] = {}
     for name, t in tensors.items():
         by_dtype.setdefault(str(t.dtype).replace("torch.", ""), []).append((name, t))
+    target = torch.device(device or "cpu")
     buffers: Dict[str, torch.Tensor] = {}
     meta: FlatMeta = []
     for dt, items in by_dtype.items():
+        start = len(meta)
         offset = 0
         for name, t in items:
             meta.append((name, dt, tuple(t.shape), offset, t.numel()))
             offset += t.numel()
-        buffers[dt] = torch.cat([t.detach().reshape(-1).to(device or "cpu") for _, t in items])
+        old = (into or {}).get(dt)
+        reuse = old is not None and old.numel() == offset and old.device == target
+        buf = old if reuse else torch.empty(offset, dtype=items[0][1].dtype, device=target)
+        with torch.no_grad():
+            for (_, t), (_, _, _, off, numel) in zip(items, meta[start:]):
+                buf[off:off + numel].copy_(t.detach().reshape(-1))
+        buffers[dt] = buf
     return buffers, meta
 
 
@@ -63,10 +72,14 @@ class PackedStateDict(Mapping):
     the state dict it packs (a ``Mapping`` of read-only tensor views, unpacked on first use): load it with
     ``load_state_dict`` or copy a tensor before writing to it."""
 
-    def __init__(self, tensors: Dict[str, torch.Tensor]):
-        buffers, self.meta = flatten_state_dict(tensors)
-        self.arrays = _to_wire(buffers)
+    def __init__(self, tensors: Dict[str, torch.Tensor], into: Optional[Dict[str, torch.Tensor]] = None):
+        self.buffers, self.meta = flatten_state_dict(tensors, into=into)  # `into`: as in flatten_state_dict
+        self.arrays = _to_wire(self.buffers)
         self._tensors: Optional[Dict[str, torch.Tensor]] = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
 
     def __getstate__(self) -> Dict[str, Any]:
         return {"arrays": self.arrays, "meta": self.meta}
@@ -95,7 +108,7 @@ def put_packed(tensors: Dict[str, torch.Tensor]) -> Tuple[Any, int]:
     import ray
 
     packed = PackedStateDict(tensors)
-    return ray.put(packed), sum(a.nbytes for a in packed.arrays.values())
+    return ray.put(packed), packed.nbytes
 
 
 def lora_adapters(model: torch.nn.Module) -> Dict[str, Tuple[torch.Tensor, torch.Tensor, float]]:
@@ -141,13 +154,15 @@ def merge_lora(base: Dict[str, torch.Tensor],
 
 
 class ObjectStorePublisher:
-    """Consumer side (a `WeightPublisher`): ``publish(version, tensors)`` puts one flat copy in the object store and
+    """Consumer side (a `WeightPublisher`): ``publish(version, tensors)`` packs the weights into host buffers it keeps
+    from round to round (the same sizes every round: no new allocation), puts one flat copy in the object store and
     announces it."""
 
-    device = None  # weights are copied to the host whatever device they are on
+    device = None  # weights are copied to the host whatever device they are on, before `publish` returns
 
     def __init__(self, store):
         self.store = store
+        self._host: Optional[Dict[str, torch.Tensor]] = None  # the buffers the last version was packed into
 
     def publish(self, version: int, tensors: Dict[str, torch.Tensor] | None = None,
                 adapters: Adapters | None = None,
@@ -159,7 +174,8 @@ class ObjectStorePublisher:
             raise ValueError("ObjectStorePublisher.publish: pass exactly one of tensors= or adapters=")
         t0 = time.perf_counter()
         if tensors is not None:
-            (ref, nbytes), kind = put_packed(tensors), "full"
+            packed = PackedStateDict(tensors, into=self._host)  # `ray.put` copies it: the buffers can be reused
+            ref, nbytes, kind, self._host = ray.put(packed), packed.nbytes, "full", packed.buffers
         else:
             kind = "lora"
             ref = ray.put(adapters)

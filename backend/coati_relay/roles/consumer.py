@@ -194,8 +194,9 @@ class ConsumerWorker:
             return self.publisher.publish(version, adapters=lora_adapters(self.policy.unwrapped())) \
                 if publishing else {}
         # A publisher sending from the GPU (NCCL) takes the weights where they are: no copy to the host and back.
+        # Every publisher copies what it sends before it returns, so the live tensors are handed over uncopied.
         device = self.publisher.device if publishing else None
-        tensors = self.policy.state_dict_for_inference(keep=publishing, device=device)
+        tensors = self.policy.state_dict_for_inference(keep=publishing, device=device, copy=False)
         return self.publisher.publish(version, tensors=tensors) if publishing else {}
 
     # -- the loop --------------------------------------------------------------------------------------------

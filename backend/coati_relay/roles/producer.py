@@ -11,11 +11,11 @@ published, if it is newer than the one it holds.
 
 Idle time, in ``stats`` (seconds): ``wait_s`` waiting for weights, ``room_wait_s`` waiting for room in the queue
 (zero-bubble's buffer, and a lock-step queue's put while full), ``claim_idle_s`` with no task free to claim.
-``task_log`` holds ``(task, weight version, start, end)`` of each task (``time.time()``).
+``task_log`` (`coati_relay.observe.task_log.TaskLog`) holds ``(task, weight version, start, end)`` of its last 10,000
+tasks (``time.time()``).
 """
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -27,6 +27,7 @@ from coati_relay.cluster.placement import node_id
 from coati_relay.config.schema import RunConfig
 from coati_relay.exchange.publishing import WeightSubscriber
 from coati_relay.observe.profiling import PhaseProfiler
+from coati_relay.observe.task_log import TaskLog
 from coati_relay.rollout import Rollout
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class ProducerWorker:
         self.stats: Dict[str, float] = {"tasks": 0, "samples": 0, "tokens": 0, "generate_s": 0.0,
                                         "weight_load_s": 0.0, "weight_loads": 0, "wait_s": 0.0,
                                         "room_wait_s": 0.0, "claim_idle_s": 0.0}
-        self.task_log: collections.deque = collections.deque(maxlen=10_000)
+        self.task_log = TaskLog(capacity=10_000)
         # enable_profiling: phase timings per round (`coati_relay.observe.profiling`); opened in the actor
         self.profiler = PhaseProfiler(None, self.name, False)
 
@@ -327,7 +328,7 @@ class ProducerWorker:
 
         start = time.time()
         rollout, meta = self.make_rollout(task)
-        self.task_log.append((task, rollout.weight_version, start, time.time()))
+        self.task_log.append(task, rollout.weight_version, start, time.time())
         timeout_s = self.cfg.roles.timeout_s
         ref = ray.put(rollout)
         t0 = time.perf_counter()
@@ -380,7 +381,7 @@ class ProducerWorker:
                 trim_heap()
         self.backend_close()
         self.profiler.close()
-        return {**self.stats, "task_log": list(self.task_log)}
+        return {**self.stats, "task_log": self.task_log.rows()}
 
     def backend_close(self) -> None:
         self.backend.close()

@@ -359,11 +359,13 @@ class TrainingBackend:
         replicated = self.booster is None or self.plugin_name not in ("zero2", "gemini")
         checkpoint_files.load_optimizer(self.booster, self.optimizer, os.fspath(path), map_location, replicated)
 
-    def state_dict_for_inference(self, keep: bool = True,
-                                 device: Optional[torch.device] = None) -> Dict[str, torch.Tensor]:
+    def state_dict_for_inference(self, keep: bool = True, device: Optional[torch.device] = None,
+                                 copy: bool = True) -> Dict[str, torch.Tensor]:
         """A copy of the full weights under the HF model's own names (LoRA adapters folded in), CPU, contiguous.
         With ``device`` (a publisher that sends from the GPU), the tensors on that device instead, copied only where
         they are elsewhere: no round trip through host memory; read them before the next optimizer step.
+        ``copy=False`` (without ``device``): the tensors wherever they are, copied only where not contiguous, for a
+        caller that copies them before the next optimizer step (every `WeightPublisher` does, before it returns).
 
         A collective under gemini (its chunks are gathered from every rank): every rank of the data-parallel group
         calls it together. ``keep=False`` takes part in that gather without copying and returns ``{}`` (the ranks
@@ -383,6 +385,8 @@ class TrainingBackend:
         with torch.no_grad():
             if device is not None:
                 return {k: v.detach().to(device).contiguous() for k, v in state.items()}
+            if not copy:
+                return {k: v.detach().contiguous() for k, v in state.items()}
             return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
 
     def save(self, directory: Union[str, os.PathLike]) -> Path:
