@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import pytest
 
+from coati_relay.checkpoint import list_checkpoints
 from coati_relay.observe.memory_soak import ACTOR_ROLES, format_report, soak, summarize
 
 pytestmark = pytest.mark.slow
@@ -33,6 +34,8 @@ BOUNDS_KIB_PER_ROUND = {"gcs_server": 25.0, **{role: 40.0 for role in ACTOR_ROLE
 
 def test_no_role_of_a_disaggregated_run_grows_with_the_rounds(tmp_path):
     report = soak("disaggregated", ROUNDS, tmp_path, timeout_s=1200)
+    saved = list_checkpoints(tmp_path / "run")
+    assert [p.name for p in saved] == [f"step-{ROUNDS:06d}"], "one checkpoint, after the last round"
     roles = summarize(report["samples"], warm_up=WARM_UP)
     print("\n" + format_report([{**report, "roles": roles}]))
     missing = set(BOUNDS_KIB_PER_ROUND) - set(roles)

@@ -40,7 +40,10 @@ def test_sampler_samples_from_the_first_logged_round_until_the_last(tmp_path):
     first = sampler.sample_once()
     assert first is not None and first["driver"] > 0 and first["tree"] >= first["driver"]
     assert 0 <= first["driver:shmem"] <= first["driver"], "the shared part is part of the RSS"
-    assert first["tree"] == sum(v for k, v in first.items() if k != "tree" and ":" not in k), "counted once"
+    parts = first["driver:anon"] + first["driver:file"] + first["driver:shmem"]
+    assert first["driver:anon"] > 0 and abs(parts - first["driver"]) < 0.05 * first["driver"], "the parts make the RSS"
+    assert first["tree"] == sum(v for k, v in first.items() if not k.startswith("tree") and ":" not in k), "once"
+    assert first["tree:anon"] == sum(v for k, v in first.items() if k.endswith(":anon") and k != "tree:anon")
     metrics.write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n')
     assert sampler.sample_once() is None, "the last round is logged: the run tears down from here"
     assert [r for r, _ in sampler.samples["driver"]] == [1]

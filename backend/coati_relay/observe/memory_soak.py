@@ -44,12 +44,17 @@ PLACEMENTS = ("colocated", "disaggregated")
 WARM_UP_FRACTION = 0.2
 
 
+PROMPTS_PER_ROUND = 8
+
+
 def soak_kwargs(model_path: str, data_path: str, run_dir: str, rounds: int, colocate: bool) -> Dict[str, Any]:
     """`launch_distributed` keywords of the soak: GRPO on the toy task, transformers backend, 8 prompts x 4 samples
-    of 8 new tokens a round (two tasks of 4 prompts), one producer and one consumer, no checkpoint during the run."""
+    of 8 new tokens a round (two tasks of 4 prompts), one producer and one consumer, no checkpoint during the run:
+    one episode over ``data_path``, which holds ``PROMPTS_PER_ROUND * rounds`` prompts (ColossalChat's cadence saves
+    after each episode's last round, so a file of one round's prompts would checkpoint every round)."""
     return dict(
-        num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=rounds,
-        inference_batch_size=8, inference_microbatch_size=4, train_batch_size=8, train_minibatch_size=8,
+        num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
+        inference_batch_size=PROMPTS_PER_ROUND, inference_microbatch_size=4, train_batch_size=8, train_minibatch_size=8,
         train_dataset_config={"path": data_path, "max_length": 32, "system_prompt": ""},
         inference_model_config={"path": model_path}, train_model_config={"path": model_path},
         generate_config={"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0}, seed=0,
@@ -70,14 +75,21 @@ def role_of(cmdline: Sequence[str], pid: int, driver_pid: int) -> str:
     return program if program in RAY_DAEMONS else "ray_other"
 
 
-def shared_memory_kib(pid: int) -> float:
-    """The part of a process's RSS that is shared memory (``RssShmem``: Ray's object store pages it touched), KiB;
-    0 where /proc does not say."""
+RSS_PARTS = {"RssAnon:": "anon", "RssFile:": "file", "RssShmem:": "shmem"}
+
+
+def rss_parts_kib(pid: int) -> Dict[str, float]:
+    """A process's RSS by kind of page, KiB (``/proc/PID/status``): ``anon``, its private memory (heaps, stacks: what
+    a leak grows); ``file``, pages of mapped files (the code of its libraries, faulted in as code paths first run,
+    and given back under memory pressure); ``shmem``, shared memory (Ray's object store pages it touched). A kind
+    /proc does not report is left out."""
+    parts: Dict[str, float] = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("RssShmem:"):
-                return float(line.split()[1])
-    return 0.0
+            kind = RSS_PARTS.get(line.split(None, 1)[0]) if line.strip() else None
+            if kind:
+                parts[kind] = float(line.split()[1])
+    return parts
 
 
 def logged_rounds(metrics: Path) -> int:
@@ -94,8 +106,9 @@ class TreeSampler(threading.Thread):
     over the whole tree (``"tree"``), from the run's first logged round until it has logged ``last_round`` (from
     then on the run tears down: its actors end, which is no memory given back by the run).
 
-    samples: role -> [(round, KiB)]; ``"tree"`` holds the whole tree's sum; ``"<role>:shmem"`` the part of a role's
-    RSS that is shared memory (`shared_memory_kib`), also counted in the role's RSS.
+    samples: role -> [(round, KiB)]; ``"tree"`` holds the whole tree's sum; ``"<role>:anon"``, ``"<role>:file"`` and
+    ``"<role>:shmem"`` the parts of a role's RSS by kind of page (`rss_parts_kib`), ``"tree:anon"`` the tree's
+    private memory (the one kind no two processes share).
     """
 
     def __init__(self, root_pid: int, metrics: Path, last_round: int, every_s: float = 0.25):
@@ -103,7 +116,8 @@ class TreeSampler(threading.Thread):
         self.root_pid, self.metrics, self.every_s = root_pid, Path(metrics), every_s
         self.last_round = last_round
         self.samples: Dict[str, List[Tuple[int, float]]] = {role: [] for role in (*ROLES, "tree")}
-        self.samples.update({f"{role}:shmem": [] for role in ROLES})
+        self.samples.update({f"{role}:{kind}": [] for role in (*ROLES, "tree") for kind in RSS_PARTS.values()
+                             if role != "tree" or kind == "anon"})
         self.stop = threading.Event()
 
     def _tree(self):
@@ -129,12 +143,14 @@ class TreeSampler(threading.Thread):
             try:
                 role = role_of(proc.cmdline(), proc.pid, self.root_pid)
                 rss = proc.memory_info().rss / KiB
-                shmem = shared_memory_kib(proc.pid)
+                parts = rss_parts_kib(proc.pid)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, FileNotFoundError):
                 continue
             kib[role] = kib.get(role, 0.0) + rss
-            kib[f"{role}:shmem"] = kib.get(f"{role}:shmem", 0.0) + shmem
+            for kind, value in parts.items():
+                kib[f"{role}:{kind}"] = kib.get(f"{role}:{kind}", 0.0) + value
         kib["tree"] = sum(v for k, v in kib.items() if ":" not in k)
+        kib["tree:anon"] = sum(v for k, v in kib.items() if k.endswith(":anon"))
         for role, value in kib.items():
             self.samples[role].append((rounds, value))
         return kib
@@ -224,7 +240,7 @@ def _child(placement: str, rounds: int, work_dir: Path) -> None:
     from coati_relay.toy import build_tiny_model, write_toy_dataset
 
     model = str(build_tiny_model())
-    data = str(write_toy_dataset(work_dir / "toy.jsonl", num_prompts=8))
+    data = str(write_toy_dataset(work_dir / "toy.jsonl", num_prompts=PROMPTS_PER_ROUND * rounds))
     result = launch_distributed(**soak_kwargs(model, data, str(work_dir / "run"), rounds,
                                               colocate=placement == "colocated"))
     log.info("soak %s: %d rounds, summary %s", placement, len(result.history), result.summary)
