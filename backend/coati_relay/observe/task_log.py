@@ -8,8 +8,8 @@ import numpy as np
 
 class TaskLog:
     """``(task, weight version, start, end)`` (``time.time()`` seconds) of the last ``capacity`` tasks, in one float64
-    array ``[capacity, 4]`` allocated once. A deque of tuples held about 190 bytes a task (tracemalloc) until it was full: a
-    producer's RSS grew with every round for the first ``capacity`` tasks."""
+    array ``[capacity, 4]`` allocated once. A deque of tuples held about 190 bytes a task (tracemalloc) until it was
+    full: a producer's RSS grew with every round for the first ``capacity`` tasks."""
 
     def __init__(self, capacity: int = 10_000):
         if capacity < 1:
