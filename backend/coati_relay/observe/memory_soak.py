@@ -42,8 +42,6 @@ RAY_DAEMONS = ("gcs_server", "raylet")
 ROLES = ("driver", *ACTOR_ROLES, *RAY_DAEMONS, "ray_other")
 PLACEMENTS = ("colocated", "disaggregated")
 WARM_UP_FRACTION = 0.2
-
-
 PROMPTS_PER_ROUND = 8
 
 
@@ -86,9 +84,9 @@ def rss_parts_kib(pid: int) -> Dict[str, float]:
     parts: Dict[str, float] = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            kind = RSS_PARTS.get(line.split(None, 1)[0]) if line.strip() else None
-            if kind:
-                parts[kind] = float(line.split()[1])
+            fields = line.split()
+            if fields and fields[0] in RSS_PARTS:
+                parts[RSS_PARTS[fields[0]]] = float(fields[1])
     return parts
 
 
@@ -116,8 +114,8 @@ class TreeSampler(threading.Thread):
         self.root_pid, self.metrics, self.every_s = root_pid, Path(metrics), every_s
         self.last_round = last_round
         self.samples: Dict[str, List[Tuple[int, float]]] = {role: [] for role in (*ROLES, "tree")}
-        self.samples.update({f"{role}:{kind}": [] for role in (*ROLES, "tree") for kind in RSS_PARTS.values()
-                             if role != "tree" or kind == "anon"})
+        self.samples.update({f"{role}:{kind}": [] for role in ROLES for kind in RSS_PARTS.values()})
+        self.samples["tree:anon"] = []
         self.stop = threading.Event()
 
     def _tree(self):
