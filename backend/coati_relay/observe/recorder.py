@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Mapping
 
 from coati_relay.observe.evaluation import training_records
 from coati_relay.observe.metrics import MetricsLogger, ProgressBar, round_numbers, run_summary
+from coati_relay.observe.round_history import RoundHistory
 from coati_relay.observe.run_result import RunResult
 from coati_relay.observe.trackers import open_run_trackers
 
@@ -30,11 +31,14 @@ class RunRecorder:
         if "record" in start and all(r["step"] != start_round for r in training_records(self.logger.history)):
             self.logger.log(start_round, start["record"])
         self.bar = ProgressBar.for_run(cfg, start_round)
-        self.history: List[Dict[str, Any]] = []
+        self.history = RoundHistory()
+        self.checkpoints: List[str] = []  # the checkpoints the recorded rounds saved, in order
 
     def round_end(self, record: Dict[str, Any]) -> bool:
         """Records one round; True where a hook asks the run to stop."""
         self.history.append(record)
+        if "checkpoint" in record:
+            self.checkpoints.append(record["checkpoint"])
         numbers = round_numbers(record)
         step = int(record["step"])
         logged = self.logger.log(step, numbers)
@@ -48,11 +52,6 @@ class RunRecorder:
     def close(self) -> None:
         self.bar.close()
         self.logger.close()
-
-    @property
-    def checkpoints(self) -> List[str]:
-        """The checkpoints the recorded rounds saved, in order."""
-        return [h["checkpoint"] for h in self.history if "checkpoint" in h]
 
     def result(self, setup_s: float, wall_s: float, **fields: Any) -> RunResult:
         """The run's `RunResult`: the recorded history and checkpoints, the summary of the logged training records
