@@ -4,9 +4,10 @@
   argument), the trainer re-batches them to ``sample_batch_size`` (``LegacyReplayBufferModel`` and
   ``merge_items`` from the reference) and puts every batch, payload and all, into a ``ray.util.queue.Queue`` actor;
   ``sample`` gets it back out. The bytes travel maker -> trainer -> queue actor -> trainer.
-- new: the engine's ``RolloutQueue``. The maker ``ray.put``s each rollout and queues the reference with its version;
-  the trainer takes ``SAMPLE_BATCH / MAKER_BATCH`` entries per batch, fetches the objects from the object store and
-  joins them (``Rollout.concat``). The bytes travel maker -> object store -> trainer once.
+- new: the engine's ``RolloutQueue``. The maker queues each rollout with its version (``pack_payload``: the short
+  ones' pickled bytes by value, through the queue actor; the long ones ``ray.put``, their reference queued); the
+  trainer takes ``SAMPLE_BATCH / MAKER_BATCH`` entries per batch, unpacks them (``unpack_payloads``: from the object
+  store for references) and joins them (``Rollout.concat``).
 - shim: the legacy API as this project serves it, ``coati_compat``'s ``DetachedReplayBuffer``. The maker's items
   reach the trainer (as ``buffer_extend``'s argument does), the buffer re-batches them and ``sample`` returns the
   oldest batch; every batch the buffer holds stays in the trainer's process.
@@ -23,6 +24,7 @@ import torch
 
 from coati_compat.reference.experience import merge_items
 from coati_compat.reference.replay_buffer import LegacyReplayBufferModel
+from coati_relay.exchange.queue import pack_payload, unpack_payloads
 from coati_relay.rollout import Rollout
 
 NUM_ITEMS, MAKER_BATCH, SAMPLE_BATCH, SEED, TIMEOUT_S = 128, 8, 16, 0, 60.0
@@ -72,10 +74,10 @@ def _maker_class():
             return split_experience_batch(Experience(**self.batches[index]))
 
         def engine_put(self, queue) -> int:
-            """Puts every rollout in the object store and its reference in the queue, as a producer does."""
+            """Queues every rollout as a producer does (`pack_payload`: small ones by value, others by reference)."""
             for task, rollout in enumerate(self.rollouts):
-                ray.get(queue.put.remote([ray.put(rollout)], 0, rollout.num_prompts, "maker", task, TIMEOUT_S),
-                        timeout=TIMEOUT_S + 10)
+                ray.get(queue.put.remote(pack_payload(rollout, rollout.nbytes), 0, rollout.num_prompts, "maker", task,
+                                         TIMEOUT_S), timeout=TIMEOUT_S + 10)
             return len(self.rollouts)
 
     return ray.remote(num_cpus=1)(Maker)
@@ -113,7 +115,7 @@ def _engine_round(maker_actor, queue):
     batches = []
     for _ in range(NUM_BATCHES):
         entries = ray.get(queue.get.remote(SAMPLE_BATCH // MAKER_BATCH, TIMEOUT_S), timeout=TIMEOUT_S + 10)
-        rollouts = ray.get([e.payload[0] for e in entries], timeout=TIMEOUT_S)
+        rollouts = unpack_payloads([e.payload for e in entries], TIMEOUT_S)
         batches.append(Rollout.concat(rollouts, pad_token_id=0))
     return batches
 

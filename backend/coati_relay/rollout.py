@@ -64,6 +64,12 @@ class Rollout:
         return self.prompt_ids.size(0)
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of the tensors (the payload a producer sends)."""
+        return sum(t.numel() * t.element_size() for name in _PROMPT_FIELDS + _RESPONSE_FIELDS + _ROW_FIELDS
+                   if (t := getattr(self, name)) is not None)
+
+    @property
     def num_prompts(self) -> int:
         return self.num_sequences // self.group_size
 

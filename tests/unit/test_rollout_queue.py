@@ -160,7 +160,7 @@ def test_task_board_requeues_lost_rollouts_once():
 
 def test_consumer_replaces_a_rollout_that_died_with_its_producer(ray_cluster, monkeypatch):
     """An entry taken from the queue whose object was lost with its producer's node (stood in for by
-    ``fetch_or_none`` answering None for it): its task goes back on the board and the next entry replaces it."""
+    ``unpack_payloads`` answering None for it): its task goes back on the board and the next entry replaces it."""
     from types import SimpleNamespace
 
     from coati_relay.roles import consumer
@@ -169,9 +169,9 @@ def test_consumer_replaces_a_rollout_that_died_with_its_producer(ray_cluster, mo
     refs = {value: ray.put(value) for value in ("lost", "kept", "next")}
     for task, (value, producer) in enumerate((("lost", "p0"), ("kept", "p1"), ("next", "p1"))):
         ray.get(q.put.remote([refs[value]], 0, producer=producer, task=task), timeout=30)
-    fetch = consumer.fetch_or_none
-    monkeypatch.setattr(consumer, "fetch_or_none",
-                        lambda rs, timeout_s: [None if r == refs["lost"] else x for r, x in zip(rs, fetch(rs, 10))])
+    fetch = consumer.unpack_payloads
+    monkeypatch.setattr(consumer, "unpack_payloads",
+                        lambda ps, timeout_s: [None if p == [refs["lost"]] else x for p, x in zip(ps, fetch(ps, 10))])
     cfg = SimpleNamespace(roles=SimpleNamespace(timeout_s=10), zero_bubble=False)
     worker = SimpleNamespace(cfg=cfg, queue=q, rank=0)
     entries, rollouts = consumer.ConsumerWorker._take(worker, 2, 0)
@@ -179,3 +179,31 @@ def test_consumer_replaces_a_rollout_that_died_with_its_producer(ray_cluster, mo
     c = ray.get(q.counters.remote(), timeout=30)
     assert c["lost"] == 1 and c["tasks_requeued"] == 1 and c["tasks_unsettled"] == 0, c
     assert ray.get(q.claim_task.remote("p1"), timeout=30) == 0, "the lost rollout's task is produced again"
+
+
+def test_small_payloads_travel_by_value_and_large_ones_by_reference(ray_cluster):
+    """`pack_payload`: a rollout under `INLINE_PAYLOAD_BYTES` becomes its pickled bytes (no object-store entry), a
+    larger one ``[ref]``; `unpack_payloads` gives both back, in order, through the real queue actor."""
+    import torch
+
+    from coati_relay.exchange.queue import INLINE_PAYLOAD_BYTES, pack_payload, unpack_payloads
+    from coati_relay.rollout import Rollout
+
+    def rollout(rows: int, length: int) -> Rollout:
+        ids = torch.arange(rows * length).reshape(rows, length)
+        return Rollout(ids, torch.ones_like(ids), ids + 1, torch.ones_like(ids, dtype=torch.bool),
+                       torch.full(ids.shape, -0.5), torch.full((rows,), length), group_size=2, weight_version=3)
+
+    small, large = rollout(4, 16), rollout(64, 512)
+    assert small.nbytes < INLINE_PAYLOAD_BYTES < large.nbytes
+    packed = [pack_payload(small, small.nbytes), pack_payload(large, large.nbytes)]
+    assert isinstance(packed[0], bytes) and isinstance(packed[1], list)
+    assert isinstance(packed[1][0], ray_cluster.ObjectRef)
+    q = make_rollout_queue()
+    for task, payload in enumerate(packed):
+        ray_cluster.get(q.put.remote(payload, 3, 2, "p0", task), timeout=30)
+    entries = ray_cluster.get(q.get.remote(2, 10), timeout=30)
+    got = unpack_payloads([e.payload for e in entries], 10)
+    for want, back in zip((small, large), got):
+        assert torch.equal(back.response_ids, want.response_ids) and back.weight_version == 3
+        assert torch.equal(back.logprobs, want.logprobs) and back.group_size == 2

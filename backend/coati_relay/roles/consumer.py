@@ -22,6 +22,7 @@ from coati_relay.cluster.heap import trim_heap
 from coati_relay.cluster.placement import node_id
 from coati_relay.config.schema import RunConfig
 from coati_relay.exchange.publishing import WeightPublisher
+from coati_relay.exchange.queue import unpack_payloads
 from coati_relay.observe.metrics import round_numbers
 from coati_relay.observe.profiling import PhaseProfiler
 from coati_relay.roles.learner import Learner
@@ -29,23 +30,6 @@ from coati_relay.roles.seeding import seed_everything
 from coati_relay.rollout import Rollout
 
 log = logging.getLogger(__name__)
-
-
-def fetch_or_none(refs: List[Any], timeout_s: float) -> List[Any]:
-    """The objects of ``refs``, with None for each one lost with its owner (``ObjectLostError``)."""
-    import ray
-    from ray.exceptions import ObjectLostError
-
-    try:
-        return ray.get(list(refs), timeout=timeout_s)
-    except ObjectLostError:
-        out = []
-        for ref in refs:
-            try:
-                out.append(ray.get(ref, timeout=timeout_s))
-            except ObjectLostError:
-                out.append(None)
-        return out
 
 
 class ConsumerWorker:
@@ -213,7 +197,7 @@ class ConsumerWorker:
             # zero-bubble: one entry at a time, so that each frees its prompts in the data buffer as it arrives
             want = 1 if self.cfg.zero_bubble else n - len(entries)
             got = ray.get(self.queue.get.remote(want, timeout, r), timeout=timeout + 30)
-            fetched = fetch_or_none([e.payload[0] for e in got], timeout)
+            fetched = unpack_payloads([e.payload for e in got], timeout)
             lost = [e for e, x in zip(got, fetched) if x is None]
             if lost:
                 log.warning("consumer-%d: %d rollout(s) of %s died with their producer; their tasks go back on "

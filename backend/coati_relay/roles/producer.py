@@ -26,6 +26,7 @@ from coati_relay.cluster.heap import trim_heap
 from coati_relay.cluster.placement import node_id
 from coati_relay.config.schema import RunConfig
 from coati_relay.exchange.publishing import WeightSubscriber
+from coati_relay.exchange.queue import pack_payload
 from coati_relay.observe.profiling import PhaseProfiler
 from coati_relay.observe.task_log import TaskLog
 from coati_relay.rollout import Rollout
@@ -36,9 +37,9 @@ _POLL_S = 2.0  # how often a producer waiting for weights looks for tasks a dead
 
 
 class ProducerWorker:
-    """One producer, run as a Ray actor: its rollouts go to the object store (``ray.put``); the queue and weight
-    store may be actor handles or local objects. In a colocated run (`coati_relay.roles.colocated`) it has neither: the
-    driver calls `setup_colocated` and `make_rollout`."""
+    """One producer, run as a Ray actor: its rollouts go to the queue (small ones by value, others through the object
+    store: `pack_payload`); the queue and weight store may be actor handles or local objects. In a colocated run
+    (`coati_relay.roles.colocated`) it has neither: the driver calls `setup_colocated` and `make_rollout`."""
 
     evaluator = None  # `coati_relay.observe.evaluation.Evaluator` when the run evaluates (set up in `setup`)
     rollout_log = None  # `coati_relay.observe.rollout_log.RolloutLog` on producer 0
@@ -324,16 +325,14 @@ class ProducerWorker:
         return rollout, {"generate_s": gen_s, "tokens": tokens, "weight_load_last_s": self.last_load_s}
 
     def _run_task(self, task: int) -> None:
-        import ray
-
         start = time.time()
         rollout, meta = self.make_rollout(task)
         self.task_log.append(task, rollout.weight_version, start, time.time())
         timeout_s = self.cfg.roles.timeout_s
-        ref = ray.put(rollout)
+        payload = pack_payload(rollout, rollout.nbytes)
         t0 = time.perf_counter()
         with self.profiler.phase("send", task // self.cfg.tasks_per_round):
-            _call(self.queue.put, [ref], rollout.weight_version, rollout.num_prompts, self.name, task,
+            _call(self.queue.put, payload, rollout.weight_version, rollout.num_prompts, self.name, task,
                   timeout_s, meta, timeout_s=timeout_s + 30)
         self.stats["room_wait_s"] += time.perf_counter() - t0
 
