@@ -101,8 +101,9 @@ def logged_rounds(metrics: Path) -> int:
 
 class TreeSampler(threading.Thread):
     """Samples the RSS of ``root_pid``'s process tree every ``every_s`` seconds, summed per role (`role_of`) and
-    over the whole tree (``"tree"``), from the run's first logged round until it has logged ``last_round`` (from
-    then on the run tears down: its actors end, which is no memory given back by the run).
+    over the whole tree (``"tree"``), from the run's first logged round until the last round starts (that round
+    ends with the run's one checkpoint save, at the episode's end: a one-off, not growth per round; then the run
+    tears down, and its actors ending is no memory given back by the run).
 
     samples: role -> [(round, KiB)]; ``"tree"`` holds the whole tree's sum; ``"<role>:anon"``, ``"<role>:file"`` and
     ``"<role>:shmem"`` the parts of a role's RSS by kind of page (`rss_parts_kib`), ``"tree:anon"`` the tree's
@@ -125,12 +126,12 @@ class TreeSampler(threading.Thread):
         return [root, *root.children(recursive=True)]
 
     def sample_once(self) -> Optional[Dict[str, float]]:
-        """One look: role -> KiB (and ``"tree"``), or None before the first round, from the last one on, or once
-        the root is gone."""
+        """One look: role -> KiB (and ``"tree"``), or None before the first round is logged, once the last one runs
+        (all rounds but it logged), or once the root is gone."""
         import psutil
 
         rounds = logged_rounds(self.metrics)
-        if not 0 < rounds < self.last_round:
+        if not 0 < rounds < self.last_round - 1:
             return None
         try:
             procs = self._tree()
