@@ -2,6 +2,8 @@
 that order), evaluations, and the `RunResult` made from them."""
 from __future__ import annotations
 
+import json
+
 from small_run import small_run_kwargs
 
 from coati_relay.callbacks import Hooks, StopRun
@@ -48,6 +50,9 @@ def test_rounds_and_evaluations_reach_the_log_the_line_and_the_hooks(tmp_path, t
 
     result = recorder.result(setup_s=1.5, wall_s=3.0, counters={"produced": 2})
     assert result.checkpoints == ["ckpt/step_2"] and result.counters == {"produced": 2}
+    assert json.loads(json.dumps(result.history)) == [{"step": 1, "reward": 0.5, "loss": 0.1,
+                                                       "note": "kept in the history only"},
+                                                      {"step": 2, "reward": 0.75, "checkpoint": "ckpt/step_2"}]
     assert result.stopped_early and result.stopped_at == 2
     assert (result.summary["steps"], result.summary["setup_s"], result.summary["wall_s"]) == (2, 1.5, 3.0)
     assert result.summary["reward_start"] == result.summary["reward_end"] == 0.625  # the evaluation left out

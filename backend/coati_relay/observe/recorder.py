@@ -54,11 +54,12 @@ class RunRecorder:
         self.logger.close()
 
     def result(self, setup_s: float, wall_s: float, **fields: Any) -> RunResult:
-        """The run's `RunResult`: the recorded history and checkpoints, the summary of the logged training records
+        """The run's `RunResult`: the recorded history (a list of dicts, as users read and serialise it; compact only
+        while the run goes) and checkpoints, the summary of the logged training records
         (with ``setup_s`` and ``wall_s``, training only), and ``fields`` (counters, producer_stats, ...)."""
         summary = run_summary(training_records(self.logger.history))
         summary.update(setup_s=setup_s, wall_s=wall_s)
         fields.setdefault("checkpoints", self.checkpoints)
-        return RunResult(history=self.history, run_dir=self.cfg.checkpointing.run_dir, summary=summary,
+        return RunResult(history=list(self.history), run_dir=self.cfg.checkpointing.run_dir, summary=summary,
                          setup_s=setup_s, stopped_early=self.hooks.stop_at is not None,
                          stopped_at=self.hooks.stop_at, **fields)

@@ -1,9 +1,10 @@
-"""`RoundHistory`: a run's round records (`RunResult.history`), kept by column.
+"""`RoundHistory`: a run's round records, kept by column while the run goes (`RunRecorder`; the `RunResult` gets
+them as a plain list of dicts at the end, which users index and serialise).
 
 A round's record is a flat dict of about twenty numbers (plus a checkpoint path now and then). Kept as dicts, each
-round costs the driver about 1.5 KiB (the dict, a float object per value); a run of a million rounds would hold 1.5 GB.
-Here each number costs 8 bytes in a typed column (`array`), so the history of a long run stays small. Reading a row
-builds its dict again, with the same keys in the same order and the same types.
+round costs the driver about 1.5 KiB (the dict, a float object per value); a run of a million rounds would hold 1.5 GB
+while it runs. Here each number costs 8 bytes in a typed column (`array`), so the history of a long run stays small.
+Reading a row builds its dict again, with the same keys in the same order and the same types.
 """
 from __future__ import annotations
 

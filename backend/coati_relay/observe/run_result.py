@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 
 class RunFailed(RuntimeError):
@@ -22,7 +22,7 @@ class CallbackError(RunFailed):
 
 @dataclass
 class RunResult:
-    history: Sequence[Dict[str, Any]]  # each round's record (`coati_relay.observe.round_history.RoundHistory`)
+    history: List[Dict[str, Any]]  # each round's record, in order
     checkpoints: List[str]
     run_dir: Path
     summary: Dict[str, Any]
