@@ -159,6 +159,7 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
 
     from coati_relay.cluster.placement import on_head_node
     from coati_relay.exchange.queue import make_rollout_queue
+    from coati_relay.exchange.shared_weights import remove_shared_weights, shared_weights_path
     from coati_relay.exchange.weight_store import make_weight_store
     from coati_relay.observe.evaluation import EVAL_KIND, EvalAggregator
     from coati_relay.observe.recorder import RunRecorder
@@ -175,7 +176,7 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
     restore_environ(environ)
     pg, opts = _place(cfg)
     started: List[Any] = []  # every actor of this run; all are killed on the way out, whatever the way
-    recorder = None
+    recorder = shared_weights = None  # shared_weights: the file full weights travel through (one host only)
     try:
         producer_opts, consumer_opts = opts[:cfg.roles.num_producers], opts[cfg.roles.num_producers:]
         cfg.checkpointing.run_dir.mkdir(parents=True, exist_ok=True)
@@ -199,7 +200,9 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
         hooks.fail = lambda message: supervisor._fail(message, error=CallbackError)
         addr, port, weight_port = supervisor.wait_all([consumers[0].rendezvous.remote()], consumers[:1],
                                                       what="rendezvous")[0]
-        setup_refs = ([c.setup.remote(addr, port, weight_port) for c in consumers]
+        if cfg.roles.weight_sync == "object_store":
+            shared_weights = shared_weights_path(cfg.project_name)
+        setup_refs = ([c.setup.remote(addr, port, weight_port, shared_weights) for c in consumers]
                       + [p.setup.remote(addr, weight_port) for p in producers])
         setups = supervisor.wait_all(setup_refs, list(names.keys()), what="set-up")
         nodes = {s["role"]: s["node"] for s in setups}
@@ -234,6 +237,7 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
         for actor in started:
             ray.kill(actor, no_restart=True)
         remove_placement_group(pg)
+        remove_shared_weights(shared_weights)
     checkpoints = recorder.checkpoints
     stop_path = next((results[c].get("checkpoint") for c in consumers[:1] if c in results), None)
     if hooks.stop_at is not None and stop_path and stop_path not in checkpoints:

@@ -156,13 +156,33 @@ def merge_lora(base: Dict[str, torch.Tensor],
 class ObjectStorePublisher:
     """Consumer side (a `WeightPublisher`): ``publish(version, tensors)`` packs the weights into host buffers it keeps
     from round to round (the same sizes every round: no new allocation), puts one flat copy in the object store and
-    announces it."""
+    announces it. ``shared_path``: full weights go into that shared-memory file instead, one copy per version all the
+    same (`coati_relay.exchange.shared_weights`; the driver names it when the whole run is on its host); a
+    ``/dev/shm`` without room for it sends them through the object store."""
 
     device = None  # weights are copied to the host whatever device they are on, before `publish` returns
 
-    def __init__(self, store):
+    def __init__(self, store, shared_path: Optional[str] = None):
+        from coati_relay.exchange.shared_weights import SlotWriter
+
         self.store = store
         self._host: Optional[Dict[str, torch.Tensor]] = None  # the buffers the last version was packed into
+        self.slots = SlotWriter(shared_path) if shared_path else None
+
+    def _put_full(self, version: int, tensors: Dict[str, torch.Tensor]) -> Tuple[Any, int]:
+        """(what the store announces: an ObjectRef or a `SlotTicket`, bytes)."""
+        import ray
+
+        if self.slots is not None:
+            ticket = self.slots.write(version, tensors)
+            if ticket is not None:
+                return ticket, sum(t.numel() * t.element_size() for t in tensors.values())
+            warnings.warn("/dev/shm has no room for two copies of the weights: they go through Ray's object store for "
+                          "the rest of the run", RuntimeWarning, stacklevel=3)
+            self.slots = None
+        packed = PackedStateDict(tensors, into=self._host)  # `ray.put` copies it: the buffers can be reused
+        self._host = packed.buffers
+        return ray.put(packed), packed.nbytes
 
     def publish(self, version: int, tensors: Dict[str, torch.Tensor] | None = None,
                 adapters: Adapters | None = None,
@@ -174,13 +194,13 @@ class ObjectStorePublisher:
             raise ValueError("ObjectStorePublisher.publish: pass exactly one of tensors= or adapters=")
         t0 = time.perf_counter()
         if tensors is not None:
-            packed = PackedStateDict(tensors, into=self._host)  # `ray.put` copies it: the buffers can be reused
-            ref, nbytes, kind, self._host = ray.put(packed), packed.nbytes, "full", packed.buffers
+            payload, nbytes = self._put_full(version, tensors)
+            kind = "full"
         else:
             kind = "lora"
-            ref = ray.put(adapters)
+            payload = ray.put(adapters)
             nbytes = sum((a.numel() + b.numel()) * a.element_size() for a, b, _ in adapters.values())
-        ray.get(self.store.publish.remote(version, [ref], kind, nbytes), timeout=timeout_s)
+        ray.get(self.store.publish.remote(version, [payload], kind, nbytes), timeout=timeout_s)
         return {"weight_publish_s": time.perf_counter() - t0, "weight_bytes": float(nbytes)}
 
 
@@ -189,7 +209,10 @@ class ObjectStoreSubscriber:
     `load_weights`."""
 
     def __init__(self, store, base_weights: Optional[Dict[str, torch.Tensor]] = None):
+        from coati_relay.exchange.shared_weights import SlotReader
+
         self.store = store
+        self._slots = SlotReader()  # reads the versions a publisher wrote to its shared-memory file
         self.base_weights = base_weights  # needed for LoRA-only sync
         self.last_wait_s = self.last_transfer_s = 0.0  # of the latest fetch: waiting for a version, moving bytes
 
@@ -197,10 +220,23 @@ class ObjectStoreSubscriber:
         """Blocks (at most ``timeout_s``) for a version ``>= min_version``; returns (version, tensors)."""
         import ray
 
+        from coati_relay.exchange.shared_weights import SlotTicket
+
         t0 = time.perf_counter()
-        pub: PublishedWeights = ray.get(self.store.wait_for.remote(min_version, timeout_s), timeout=timeout_s + 30)
-        t1 = time.perf_counter()
-        payload = ray.get(pub.payload[0], timeout=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = max(deadline - time.monotonic(), 0.0)
+            pub: PublishedWeights = ray.get(self.store.wait_for.remote(min_version, left), timeout=left + 30)
+            t1 = time.perf_counter()
+            if not isinstance(pub.payload[0], SlotTicket):
+                payload = ray.get(pub.payload[0], timeout=timeout_s)
+                break
+            payload = self._slots.read(pub.payload[0])
+            if payload is not None:
+                break
+            if time.monotonic() >= deadline:  # overwritten as it was read, and no time left for the newest
+                raise TimeoutError(f"ObjectStoreSubscriber: version {pub.version} was overwritten while it was read, "
+                                   f"and {timeout_s:.0f}s have passed")
         self.last_wait_s, self.last_transfer_s = t1 - t0, time.perf_counter() - t1
         if pub.kind == "full":
             return pub.version, dict(payload)

@@ -71,9 +71,11 @@ class ConsumerWorker:
         ports = [self._hosted[k].port if k in self._hosted else 0 for k in ("group", "weights")]
         return (ray.util.get_node_ip_address(), *ports)
 
-    def setup(self, master_addr: str, master_port: int, weight_port: int = 0) -> Dict[str, Any]:
+    def setup(self, master_addr: str, master_port: int, weight_port: int = 0,
+              shared_weights: Optional[str] = None) -> Dict[str, Any]:
         """Joins the stores rank 0's `rendezvous` hosts (its address and ports), loads the models and publishes the
-        first version (rank 0)."""
+        first version (rank 0). ``shared_weights``: the shared-memory file rank 0 publishes full weights through
+        (`coati_relay.exchange.shared_weights`; None: Ray's object store)."""
         from coati_relay.training.distributed import init_process_group
         from coati_relay.training.rendezvous import join_store
 
@@ -98,7 +100,7 @@ class ConsumerWorker:
             else:
                 from coati_relay.exchange.weight_sync import ObjectStorePublisher
 
-                self.publisher = ObjectStorePublisher(self.store)
+                self.publisher = ObjectStorePublisher(self.store, shared_path=shared_weights)
         self._publish(self.round)
         return {"role": f"consumer-{self.rank}", "node": node_id(), "setup_s": time.perf_counter() - t0,
                 "start_round": self.round}
