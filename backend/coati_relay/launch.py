@@ -205,6 +205,7 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
         setup_refs = ([c.setup.remote(addr, port, weight_port, shared_weights) for c in consumers]
                       + [p.setup.remote(addr, weight_port) for p in producers])
         setups = supervisor.wait_all(setup_refs, list(names.keys()), what="set-up")
+        remove_shared_weights(shared_weights)  # every process has it mapped: its name can go (nothing left if killed)
         nodes = {s["role"]: s["node"] for s in setups}
         nodes.update(zip(("rollout-queue", "weight-store"), ray.get([queue.node.remote(), store.node.remote()],
                                                                      timeout=30)))

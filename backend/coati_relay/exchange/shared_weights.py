@@ -11,7 +11,9 @@ round.
 Each slot has a sequence number that is odd while the slot is written (a seqlock): a reader copies the slot out and
 keeps the copy only if the number was even and unchanged around the copy and the slot still holds the announced
 version; otherwise it asks the store for the newest version again. The driver, which decides whether a run uses the
-file (`shared_weights_path`), removes it when the run ends (the run's actors are killed, so they cannot).
+file (`shared_weights_path`), removes its name once the consumer and every producer have mapped it (after their
+set-up: the pages live on until the last of them exits, so a run killed later leaves nothing in ``/dev/shm``), and
+again when the run ends (a file made anew for a new layout).
 """
 from __future__ import annotations
 
@@ -131,9 +133,8 @@ class SlotWriter:
         offsets, slot_bytes = _layout(tensors)
         file_bytes = HEADER_BYTES + 2 * slot_bytes
         if self._mapped is None or self._mapped.file_bytes != file_bytes:
-            if self._mapped is not None:
-                self._mapped = None
-                Path(self.path).unlink(missing_ok=True)
+            self._mapped = None
+            Path(self.path).unlink(missing_ok=True)  # readers keep their mapping of the old one until they remap
             if not self.room_for(file_bytes):
                 return None
             with open(self.path, "wb") as f:  # a new layout (only the first version, in practice): a new file
