@@ -17,7 +17,6 @@ again when the run ends (a file made anew for a new layout).
 """
 from __future__ import annotations
 
-import logging
 import os
 import re
 import uuid
@@ -27,9 +26,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from coati_relay.exchange.weight_sync import FlatMeta, flatten_state_dict, unflatten_state_dict
-
-log = logging.getLogger(__name__)
+from coati_relay.exchange.weight_sync import FlatMeta, dtype_name, flatten_state_dict, unflatten_state_dict
 
 SHM_DIR = Path("/dev/shm")
 HEADER_BYTES = 4096  # slot s's (sequence, version) as two int64 at byte 64 * s; the slots start after it
@@ -51,6 +48,11 @@ class SlotTicket:
     def file_bytes(self) -> int:
         return HEADER_BYTES + 2 * self.slot_bytes
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the weights (without the alignment)."""
+        return sum(numel * getattr(torch, name).itemsize for name, _, numel in self.offsets)
+
 
 def shared_weights_path(tag: str) -> Optional[str]:
     """The file a run's versions go through (named after ``tag``, the run's project), or None when they must go
@@ -68,7 +70,8 @@ def shared_weights_path(tag: str) -> Optional[str]:
 
 
 def remove_shared_weights(path: Optional[str]) -> None:
-    """Removes a run's file (the driver's last step); nothing when there is none."""
+    """Removes a run's file name (the driver, once every process has mapped it and at the end); nothing when there
+    is none."""
     if path:
         Path(path).unlink(missing_ok=True)
 
@@ -76,20 +79,14 @@ def remove_shared_weights(path: Optional[str]) -> None:
 def _layout(tensors: Dict[str, torch.Tensor]) -> Tuple[Tuple[Tuple[str, int, int], ...], int]:
     """The buffers `flatten_state_dict` makes of ``tensors`` placed in a slot: ((dtype, byte offset, numel), ...),
     slot bytes."""
-    numels: Dict[str, Tuple[int, int]] = {}
+    numels: Dict[str, int] = {}
     for t in tensors.values():
-        name = str(t.dtype).replace("torch.", "")
-        numel, size = numels.get(name, (0, t.element_size()))
-        numels[name] = (numel + t.numel(), size)
+        numels[dtype_name(t.dtype)] = numels.get(dtype_name(t.dtype), 0) + t.numel()
     offsets, at = [], 0
-    for name, (numel, size) in numels.items():
+    for name, numel in numels.items():
         offsets.append((name, at, numel))
-        at += -(-numel * size // ALIGN) * ALIGN
+        at += -(-numel * getattr(torch, name).itemsize // ALIGN) * ALIGN
     return tuple(offsets), at
-
-
-def _dtype(name: str) -> torch.dtype:
-    return getattr(torch, name)
 
 
 class _Mapped:
@@ -104,8 +101,8 @@ class _Mapped:
         start = HEADER_BYTES + slot * slot_bytes
         out = {}
         for name, offset, numel in offsets:
-            size = torch.empty((), dtype=_dtype(name)).element_size()
-            out[name] = self.data[start + offset:start + offset + numel * size].view(_dtype(name))
+            dtype = getattr(torch, name)
+            out[name] = self.data[start + offset:start + offset + numel * dtype.itemsize].view(dtype)
         return out
 
     def stamp(self, slot: int) -> Tuple[int, int]:

@@ -20,6 +20,11 @@ from coati_relay.exchange.weight_store import PublishedWeights
 FlatMeta = List[Tuple[str, str, Tuple[int, ...], int, int]]  # name, dtype, shape, offset, numel
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The key of a dtype's buffer: "float32", "bfloat16", ..."""
+    return str(dtype).replace("torch.", "")
+
+
 def flatten_state_dict(tensors: Dict[str, torch.Tensor], device: Optional[torch.device] = None,
                        into: Optional[Dict[str, torch.Tensor]] = None) -> Tuple[Dict[str, torch.Tensor], FlatMeta]:
     """Packs tensors into one contiguous 1-D buffer per dtype on ``device`` (default: the CPU). Returns (buffers by
@@ -27,7 +32,7 @@ def flatten_state_dict(tensors: Dict[str, torch.Tensor], device: Optional[torch.
     place instead of allocating a new one (a publisher packs the same weights every round)."""
     by_dtype: Dict[str, List[Tuple[str, torch.Tensor]]] = {}
     for name, t in tensors.items():
-        by_dtype.setdefault(str(t.dtype).replace("torch.", ""), []).append((name, t))
+        by_dtype.setdefault(dtype_name(t.dtype), []).append((name, t))
     target = torch.device(device or "cpu")
     buffers: Dict[str, torch.Tensor] = {}
     meta: FlatMeta = []
@@ -176,7 +181,7 @@ class ObjectStorePublisher:
         if self.slots is not None:
             ticket = self.slots.write(version, tensors)
             if ticket is not None:
-                return ticket, sum(t.numel() * t.element_size() for t in tensors.values())
+                return ticket, ticket.nbytes
             warnings.warn("/dev/shm has no room for two copies of the weights: they go through Ray's object store for "
                           "the rest of the run", RuntimeWarning, stacklevel=3)
             self.slots = None
