@@ -70,8 +70,10 @@ def run_demo(out_dir: str = "runs/demo", rounds: int = 20, backend: Optional[str
     if not colocate or legacy:
         import ray
 
+        from coati_relay.cluster.local_ray import start_local_ray
+
         if not ray.is_initialized():
-            ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+            start_local_ray(num_cpus=4)
     rows: List[Dict[str, Any]] = []
     run_dirs = []
     for algo in ("GRPO", "PPO"):

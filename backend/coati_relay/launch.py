@@ -157,6 +157,7 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
     import ray
     from ray.util.placement_group import remove_placement_group
 
+    from coati_relay.cluster.local_ray import start_local_ray
     from coati_relay.cluster.placement import on_head_node
     from coati_relay.exchange.queue import make_rollout_queue
     from coati_relay.exchange.shared_weights import remove_shared_weights, shared_weights_path
@@ -172,7 +173,7 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
     hooks.run_start(cfg)
     actor_cfg = cfg.for_actors()  # the callbacks stay in the driver
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": ACTOR_ENV})
+        start_local_ray(runtime_env={"env_vars": ACTOR_ENV})
     restore_environ(environ)
     pg, opts = _place(cfg)
     started: List[Any] = []  # every actor of this run; all are killed on the way out, whatever the way
