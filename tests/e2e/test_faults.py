@@ -31,6 +31,17 @@ def balanced(c) -> bool:
     return c["produced"] == c["consumed"] + c["dropped"] + c["in_flight"]
 
 
+class AtRoundEnd:
+    """A callback that runs ``action`` in the driver's ``on_round_end`` of round ``step``."""
+
+    def __init__(self, step: int, action):
+        self.step, self.action = step, action
+
+    def on_round_end(self, step, metrics):
+        if step == self.step:
+            self.action()
+
+
 def run_to_failure(fault, kwargs, after_steps: int = 2):
     """Starts ``fault`` once ``after_steps`` steps are logged, runs until `RunFailed`; returns (error, seconds from
     the fault to the error)."""
@@ -143,15 +154,20 @@ def test_ctrl_c_stops_every_actor_and_a_second_run_starts(ray_cluster, tiny_mode
 
 
 def test_run_killed_between_checkpoints_resumes_without_losing_a_step(ray_cluster, tiny_model_path, data, tmp_path):
-    """Killed after step 5 or later with a checkpoint every 4 steps; resumed from the run directory, it redoes the
-    steps after the checkpoint from its state: the log, the step numbers and the optimizer's step count all continue
-    as if never stopped (16 rounds, one optimizer step each; 16 leave the kill time to land on a busy host)."""
+    """Killed after step 5 with a checkpoint every 4 steps; resumed from the run directory, it redoes the steps after
+    the checkpoint from its state: the log, the step numbers and the optimizer's step count all continue as if never
+    stopped (16 rounds, one optimizer step each). The kill runs in an ``on_round_end`` hook: with one, the consumers
+    wait for the driver's hooks after each round, so the kill lands mid-run however fast the host (a kill from a
+    thread watching metrics.jsonl once landed after the consumer's last round, and the run ended without an error)."""
     from coati_relay import launch_distributed
     from coati_relay.checkpoint import list_checkpoints
+    from coati_relay.observe.run_result import RunFailed
 
     run_dir, rounds = tmp_path / "run", 16
     kwargs = small_run(tiny_model_path, data, run_dir, num_episodes=rounds // 2, save_interval=4)
-    run_to_failure(kill_actor(ray_cluster, "consumer-0"), kwargs, after_steps=5)
+    with pytest.raises(RunFailed) as failed:
+        launch_distributed(**kwargs, callbacks=[AtRoundEnd(5, kill_actor(ray_cluster, "consumer-0"))])
+    assert "consumer-0" in str(failed.value), failed.value
     saved = json.loads((list_checkpoints(run_dir)[-1] / "state.json").read_text())
     saved_step = saved["step"]
     # two-round episodes: ColossalChat's cadence saves at each episode's end (save_interval 4 > 2 rounds)
