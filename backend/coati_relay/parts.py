@@ -46,13 +46,14 @@ _PARTS: Dict[str, str] = {
     "lora_delta": "coati_relay.exchange.weight_sync",
     "put_packed": "coati_relay.exchange.weight_sync",
     "replace_delta": "coati_relay.exchange.weight_sync",
-    # cluster: devices, bounded waits, liveness
+    # cluster: devices, bounded waits, liveness, the local cluster a run starts
     "accelerator_device": "coati_relay.cluster.devices",
     "get_within": "coati_relay.cluster.waiting",
     "LivenessProbe": "coati_relay.cluster.liveness",
     "NoProducersError": "coati_relay.cluster.liveness",
     "ProducerRoster": "coati_relay.cluster.liveness",
     "seed_everything": "coati_relay.roles.seeding",
+    "start_local_ray": "coati_relay.cluster.local_ray",
     # observe: metrics and trackers
     "MetricsLogger": "coati_relay.observe.metrics",
     "read_metrics": "coati_relay.observe.metrics",

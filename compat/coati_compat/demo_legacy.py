@@ -164,7 +164,7 @@ def run_legacy_ppo(model_path: str, csv_path: str, run_dir: str, num_makers: int
             raise ValueError(f"run_legacy_ppo: {path} does not exist")
     import ray
 
-    from coati_relay.parts import free_port, read_metrics
+    from coati_relay.parts import free_port, read_metrics, start_local_ray
 
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
@@ -172,7 +172,7 @@ def run_legacy_ppo(model_path: str, csv_path: str, run_dir: str, num_makers: int
     t0 = time.perf_counter()
     started_ray = not ray.is_initialized()
     if started_ray:
-        ray.init(namespace="coati-relay-legacy-demo", include_dashboard=False, log_to_driver=False)
+        start_local_ray(namespace="coati-relay-legacy-demo")
     namespace = ray.get_runtime_context().namespace
     tag = uuid.uuid4().hex[:6]
     options = {"num_gpus": 1, "max_concurrency": 2, "runtime_env": {"env_vars": {"RAY_NAMESPACE": namespace}}}
