@@ -17,8 +17,9 @@ setup:
 demo: setup
 	$(VENV)/bin/coati-relay demo
 
-test: setup
-	$(PY) -m pytest tests -q --durations=15
+test: setup  # outside tests/e2e a test keeps about one core busy: two at a time; whole runs (e2e) use both: one at a time
+	$(PY) -m pytest tests -q -n 2 --ignore=tests/e2e --durations=10
+	$(PY) -m pytest tests/e2e -q --durations=15
 	$(PY) -m pytest benchmarks -q --benchmark-disable  # each benchmark once: both sides still do the same work
 
 test-fast: setup

@@ -23,7 +23,7 @@ echo "[setup] torch 2.13.0 (CPU build) first, so nothing pulls a CUDA build" >&2
 pip_install "torch==2.13.0"
 echo "[setup] ray, transformers, test tools" >&2
 pip_install -c "$cons" "ray[default]==2.60.0" "transformers==5.19.0" tokenizers numpy packaging pyyaml tqdm \
-  matplotlib pandas pytest pytest-timeout "pytest-benchmark==5.3.1" "ruff==0.17.5"
+  matplotlib pandas pytest pytest-timeout "pytest-xdist==3.8.0" "pytest-benchmark==5.3.1" "ruff==0.17.5"
 echo "[setup] colossalai 0.5.0's runtime needs (colossalai itself comes last, see below)" >&2
 pip_install -c "$cons" einops contexttimer sentencepiece "peft==0.13.2" galore-torch fabric rich click safetensors \
   psutil pydantic protobuf
