@@ -43,9 +43,9 @@ _PARTS: Dict[str, str] = {
     # exchange: the queue and the weight packing the legacy actors share with the engine
     "LocalRolloutQueue": "coati_relay.exchange.queue",
     "QueueEntry": "coati_relay.exchange.queue",
-    "lora_delta": "coati_relay.exchange.weight_sync",
-    "put_packed": "coati_relay.exchange.weight_sync",
-    "replace_delta": "coati_relay.exchange.weight_sync",
+    "lora_delta": "coati_relay.exchange.lora_deltas",
+    "put_packed": "coati_relay.exchange.packing",
+    "replace_delta": "coati_relay.exchange.lora_deltas",
     # cluster: devices, bounded waits, liveness, the local cluster a run starts
     "accelerator_device": "coati_relay.cluster.devices",
     "get_within": "coati_relay.cluster.waiting",

@@ -4,15 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from coati_relay.exchange.lora_deltas import lora_adapters, merge_lora
+from coati_relay.exchange.packing import flatten_state_dict, unflatten_state_dict
 from coati_relay.exchange.weight_store import make_weight_store
-from coati_relay.exchange.weight_sync import (
-    ObjectStorePublisher,
-    ObjectStoreSubscriber,
-    flatten_state_dict,
-    lora_adapters,
-    merge_lora,
-    unflatten_state_dict,
-)
+from coati_relay.exchange.weight_sync import ObjectStorePublisher, ObjectStoreSubscriber
 
 
 def test_flatten_round_trip_keeps_dtypes_and_shapes():
@@ -95,7 +90,7 @@ def test_publish_and_fetch_through_ray(ray_cluster):
 
 
 def test_wire_format_round_trips_every_dtype():
-    from coati_relay.exchange.weight_sync import _from_wire, _to_wire
+    from coati_relay.exchange.packing import _from_wire, _to_wire
 
     sd = {"f": torch.randn(4), "b": torch.randn(3).bfloat16(), "h": torch.randn(2).half(), "i": torch.arange(3)}
     buffers, meta = flatten_state_dict(sd)
@@ -107,7 +102,7 @@ def test_wire_format_round_trips_every_dtype():
 def test_packed_state_dict_reads_as_the_state_dict_it_packs():
     import pickle
 
-    from coati_relay.exchange.weight_sync import PackedStateDict
+    from coati_relay.exchange.packing import PackedStateDict
 
     sd = {"w": torch.randn(3, 2).half(), "b": torch.randn(2).bfloat16(), "ids": torch.arange(4)}
     packed = pickle.loads(pickle.dumps(PackedStateDict(sd)))  # as a maker receives it

@@ -11,7 +11,7 @@ import torch
 from train_round_helpers import BigramLM, make_config
 
 from coati_relay.exchange import weight_sync_collective as wsc
-from coati_relay.exchange.weight_sync import flatten_state_dict
+from coati_relay.exchange.packing import flatten_state_dict
 from coati_relay.roles.consumer import ConsumerWorker
 
 

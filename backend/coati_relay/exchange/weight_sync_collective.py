@@ -23,7 +23,8 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from coati_relay.exchange.weight_sync import flatten_state_dict, merge_lora, unflatten_state_dict
+from coati_relay.exchange.lora_deltas import merge_lora
+from coati_relay.exchange.packing import flatten_state_dict, unflatten_state_dict
 from coati_relay.training.rendezvous import join_store
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from typing import Dict, Iterable, Optional
 
 import torch
 
-from coati_relay.exchange.weight_sync import merge_lora
+from coati_relay.exchange.lora_deltas import merge_lora
 
 _ADAPTER_KEYS = ("lora_A", "lora_B")
 

@@ -175,7 +175,7 @@ class ConsumerWorker:
         """Every rank takes part in gathering the weights (a collective under gemini); rank 0 publishes them."""
         publishing = self.publisher is not None
         if self.cfg.models.lora:
-            from coati_relay.exchange.weight_sync import lora_adapters
+            from coati_relay.exchange.lora_deltas import lora_adapters
 
             return self.publisher.publish(version, adapters=lora_adapters(self.policy.unwrapped())) \
                 if publishing else {}

@@ -11,7 +11,7 @@ its step with `coati_relay.training.finite_checks.NonFiniteTrainingError`). Weig
 with the chunked ``update_experience_maker`` protocol: actor keys are Hugging Face model keys, critic keys
 ``Critic`` keys; after training only the trainable tensors (with ``update_lora_weights``, only
 ``lora_A``/``lora_B``) go out, cast to fp16. Each shard goes into the object store once for all makers, packed as
-the engine's flat buffers (`coati_relay.exchange.weight_sync.PackedStateDict`, a read-only mapping of the same tensors).
+the engine's flat buffers (`coati_relay.exchange.packing.PackedStateDict`, a read-only mapping of the same tensors).
 
 Non-legacy keywords: ``actor_lr`` and ``critic_lr`` set the learning rates (default: the legacy 1e-7);
 ``rpc_timeout_s`` bounds each step of a weight push. ``DetachedPPOTrainer`` is the Ray actor class.
