@@ -17,10 +17,11 @@ setup:
 demo: setup
 	$(VENV)/bin/coati-relay demo
 
-test: setup  # outside tests/e2e a test keeps about one core busy: two at a time; whole runs (e2e) use both: one at a time
+test: setup  # two at a time (pytest-xdist), but the tests marked timed (bounds in seconds, memory slopes): one at a time
 	$(PY) -m pytest tests -q -n 2 --ignore=tests/e2e --durations=10
-	$(PY) -m pytest tests/e2e -q --durations=15
-	$(PY) -m pytest benchmarks -q --benchmark-disable  # each benchmark once: both sides still do the same work
+	$(PY) -m pytest tests/e2e -q -n 2 --dist loadfile -m "not timed" --durations=15  # a file's runs share its fixtures
+	$(PY) -m pytest tests/e2e -q -m timed --durations=10
+	$(PY) -m pytest benchmarks -q --benchmark-disable -n 2 --dist loadfile  # each benchmark once: a smoke run
 
 test-fast: setup
 	$(PY) -m pytest tests -q -m "not slow"

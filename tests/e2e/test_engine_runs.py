@@ -58,6 +58,7 @@ def test_checkpoint_then_resume_loses_no_step(ray_cluster, tiny_model_path, data
     assert first.history[-1]["step"] == resumed.history[-1]["step"]
 
 
+@pytest.mark.timed
 def test_killed_producer_ends_the_run_naming_it(ray_cluster, tiny_model_path, data, tmp_path, record_property):
     from coati_relay import launch_distributed
     from coati_relay.observe.run_result import RunFailed
@@ -73,6 +74,7 @@ def test_killed_producer_ends_the_run_naming_it(ray_cluster, tiny_model_path, da
     assert c["produced"] == c["consumed"] + c["dropped"] + c["in_flight"]
 
 
+@pytest.mark.timed
 def test_killed_producer_work_moves_to_the_others(ray_cluster, tiny_model_path, data, tmp_path):
     from coati_relay import launch_distributed
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from run_helpers import AfterSteps, kill_actor, logged_steps, run_actors, run_kwargs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timed]
 
 FAULT_TO_ERROR_S = 30
 

@@ -15,7 +15,7 @@ from coati_compat.shims.maker_holder import ExperienceMakerHolder
 from coati_compat.shims.ppo_trainer import DetachedPPOTrainer
 from coati_relay.toy import tiny_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarning"),
+pytestmark = [pytest.mark.slow, pytest.mark.timed, pytest.mark.filterwarnings("ignore::FutureWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]
 
 WITHIN_S = 30.0

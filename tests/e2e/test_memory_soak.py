@@ -25,7 +25,7 @@ import pytest
 from coati_relay.checkpoint import list_checkpoints
 from coati_relay.observe.memory_soak import ACTOR_ROLES, format_report, soak, summarize
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timed]
 
 ROUNDS = 400
 WARM_UP = 0.5

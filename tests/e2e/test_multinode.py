@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from multinode_driver import REMOVAL_ROUNDS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timed]
 
 DRIVER = Path(__file__).with_name("multinode_driver.py")
 
