@@ -85,3 +85,24 @@ def test_colocated_vllm_loads_each_trained_version_in_process(tiny_model_path, d
     assert end > start + 0.1, f"reward did not rise: {start:.3f} -> {end:.3f}"
     after = _policy_weights(result.checkpoints[-1])
     assert all(bool(torch.isfinite(t).all()) for t in after.values())
+
+
+def test_fresh_runs_of_one_project_keep_their_own_run_dirs(tiny_model_path, data, tmp_path, monkeypatch):
+    """Run twice with no run_dir, a script writes two run directories (runs/NAME, runs/NAME-2), each with its own
+    steps, summary and export; naming the first as the run_dir of a third fresh run is refused before it starts."""
+    from coati_relay import launch_distributed
+    from coati_relay.config.build import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    kw = colocated_kwargs(tiny_model_path, data, None, rounds=2, colocate=True, project_name="twice",
+                          export_dir=True)
+    kw.pop("run_dir")
+    first, second = launch_distributed(**kw), launch_distributed(**kw)
+    assert (Path(first.run_dir), Path(second.run_dir)) == (Path("runs/twice"), Path("runs/twice-2"))
+    for result in (first, second):
+        steps = [json.loads(line)["step"] for line in (Path(result.run_dir) / "metrics.jsonl").read_text().splitlines()]
+        assert steps == [1, 2] and result.summary["steps"] == 2
+        assert (Path(result.run_dir) / "hf_model" / "config.json").is_file()
+    with pytest.raises(ConfigError, match="holds an earlier run"):
+        launch_distributed(**{**kw, "run_dir": "runs/twice"})
+    assert not Path("runs/twice-3").exists()

@@ -76,10 +76,12 @@ def _saved_weight_files(save_dir: Path) -> list:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["GRPO", "DAPO"])
-def test_colossalchat_driver_keywords_run(ray_cluster, tmp_path, algo):
+def test_colossalchat_driver_keywords_run(ray_cluster, tmp_path, algo, monkeypatch):
     import torch
 
     from coati_relay.launch import launch_distributed
+
+    monkeypatch.chdir(tmp_path)  # the driver passes no run_dir: the metrics go to ./runs/PROJECT, as its run's would
 
     model = str(build_think_answer_model())
     data = write_datasets(tmp_path / "data", num_train=8, num_eval=4)

@@ -170,7 +170,8 @@ def test_saves_follow_colossalchats_episode_steps():
     assert [r for r in range(1, 7) if save_due(r, 3, 100)] == [3, 6]  # only each episode's end
 
 
-def test_save_dir_defaults_to_colossalchats_model_folder(tiny_model_path, tmp_path):
+def test_save_dir_defaults_to_colossalchats_model_folder(tiny_model_path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default run_dir is runs/NAME under the working directory
     kw = small_run_kwargs(tmp_path, tiny_model_path)
     kw.pop("run_dir")
     cfg, _ = _build(**kw)
@@ -315,6 +316,7 @@ def test_profiling_writes_phase_timings_and_a_trace(tiny_model_path, tmp_path):
 def test_project_name_is_the_trackers_project_as_given(tiny_model_path, tmp_path, monkeypatch):
     """ColossalChat: wandb.init(project=project_name) as given; spaces become '_' only in file names."""
     from coati_relay.observe import trackers
+    monkeypatch.chdir(tmp_path)
     kw = small_run_kwargs(tmp_path, tiny_model_path, project_name="my project", report_to=["wandb"])
     kw.pop("run_dir")
     cfg, _ = _build(**kw)

@@ -62,6 +62,7 @@ def test_locked_append_from_processes_never_interleaves(tmp_path):
         p.join()
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(records) == 150
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # the lock is the file's own: nothing beside it
     for k in range(3):  # each writer's block is contiguous and in order
         mine = [i for i, r in enumerate(records) if r["writer"] == k]
         assert mine == list(range(mine[0], mine[0] + 50))

@@ -31,6 +31,7 @@ from coati_relay.config.keys import (
 )
 from coati_relay.config.models import build_models
 from coati_relay.config.report_to import check_report_to
+from coati_relay.config.run_dir import check_given_run_dir, default_run_dir
 from coati_relay.config.sampling import build_sampling
 from coati_relay.config.schema import AlgorithmConfig, Batches, Checkpointing, Data, Plugin, Roles, RunConfig
 from coati_relay.config.user_code import ByValue, UserCode, UserCodeError, comes_with_engine, module_name, user_entries
@@ -430,10 +431,11 @@ def _run_settings(errors: List[str], seed: Any, progress: Any, project_name: Any
     """The run's name and where it writes and resumes from.
 
     ``project_name``: the trackers' project as given (ColossalChat's W&B project); the default run directory is
-    ``runs/NAME`` with spaces as ``_``. ``save_dir``: ColossalChat's ``"./model"`` by default; where this engine's
-    ``run_dir`` is given and ``save_dir`` is not, under ``run_dir``. ColossalChat's driver passes the same
-    ``checkpoint_path`` in both model configs (None: start afresh); here each names the checkpoint to resume from,
-    like ``resume_from``, and given ones must agree."""
+    ``runs/NAME`` with spaces as ``_`` (``runs/NAME-2``, ... for a fresh run where that holds an earlier run; a
+    given ``run_dir`` that does is an error: `coati_relay.config.run_dir`). ``save_dir``: ColossalChat's
+    ``"./model"`` by default; where this engine's ``run_dir`` is given and ``save_dir`` is not, under ``run_dir``.
+    ColossalChat's driver passes the same ``checkpoint_path`` in both model configs (None: start afresh); here each
+    names the checkpoint to resume from, like ``resume_from``, and given ones must agree."""
     if not is_int(seed) or seed < 0:
         errors.append(f"seed must be an int >= 0, got {seed!r}")
     if not isinstance(progress, bool):
@@ -464,12 +466,16 @@ def _run_settings(errors: List[str], seed: Any, progress: Any, project_name: Any
                 errors.append(f"{key}: {exc} (this engine's checkpoints: run_dir/{CHECKPOINTS_DIR}/step-NNNNNN; "
                               f"None starts afresh)")
     name = project_name or "coati-relay"
+    resume = next(iter(given.values()), None)
     given_run_dir = isinstance(run_dir, (str, os.PathLike)) and bool(str(run_dir))
-    rd = Path(run_dir) if given_run_dir else Path("runs") / name.replace(" ", "_")
+    if given_run_dir:
+        rd = Path(run_dir)
+        check_given_run_dir(errors, rd, fresh=resume is None)
+    else:
+        rd = default_run_dir(Path("runs") / name.replace(" ", "_"), fresh=resume is None)
     if save_dir == "./model" and given_run_dir:  # ColossalChat's default, with this engine's run_dir given
         save_dir = None
     sd = Path(save_dir) if isinstance(save_dir, (str, os.PathLike)) and str(save_dir) else rd
-    resume = next(iter(given.values()), None)
     return name, Checkpointing(save_interval=save_interval, run_dir=rd, save_dir=sd,
                                resume_from=None if resume is None else str(resume),
                                export_dir=_export_dir(errors, export_dir, rd))

@@ -302,7 +302,8 @@ class Checkpointing:
     save_interval: int = meaning(CC, "checkpoint after every save_interval-th round (weight version) of each "
                                      "episode and after each episode's last round", "save_interval")
     run_dir: Path = meaning(EXT, "where metrics.jsonl, tracker files and (by default) checkpoints go; default "
-                                 "runs/PROJECT", "run_dir")
+                                 "runs/PROJECT (runs/PROJECT-2, ... where that holds an earlier run); a fresh run "
+                                 "refuses a given one that holds an earlier run", "run_dir")
     save_dir: Path = meaning(CC, "where checkpoints go (save_dir/checkpoints/step-NNNNNN, NNNNNN the global round); "
                                  "default './model', or run_dir where run_dir is given", "save_dir")
     resume_from: Optional[str] = meaning(

@@ -55,20 +55,19 @@ def shard_indices(num_items: int, num_shards: int, shard: int) -> List[int]:
 
 
 def append_jsonl_locked(path: Path, records: Iterable[Dict[str, Any]]) -> None:
-    """Appends one JSON line per record to ``path`` (parents created) while holding an exclusive lock on
-    ``path + '.lock'``, so that writers in other processes do not interleave."""
+    """Appends one JSON line per record to ``path`` (parents created) while holding an exclusive lock on the file
+    itself, so that writers in other processes do not interleave."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    with open(f"{path}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with open(path, "a", encoding="utf-8") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
         try:
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(lines)
-                f.flush()
-                os.fsync(f.fileno())
+            f.write(lines)
+            f.flush()
+            os.fsync(f.fileno())
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class Evaluator:
