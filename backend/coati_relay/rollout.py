@@ -6,16 +6,19 @@ A `Rollout` holds ``N = num_prompts * group_size`` sampled sequences, prompt-maj
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from coati_relay.exchange.wire import from_wire, to_wire
+
 # Tensor fields whose second dimension is the response length; they are right-padded when rollouts are joined.
 _RESPONSE_FIELDS = ("response_ids", "response_mask", "logprobs")
 _PROMPT_FIELDS = ("prompt_ids", "prompt_mask")
 _ROW_FIELDS = ("response_lengths", "rewards", "format_acc", "ans_acc")
+_TENSOR_FIELDS = _PROMPT_FIELDS + _RESPONSE_FIELDS + _ROW_FIELDS
 
 
 @dataclass
@@ -52,7 +55,7 @@ class Rollout:
 
     def __post_init__(self) -> None:
         n = self.prompt_ids.size(0)
-        for name in _PROMPT_FIELDS + _RESPONSE_FIELDS + _ROW_FIELDS:
+        for name in _TENSOR_FIELDS:
             t = getattr(self, name)
             if t is not None and t.size(0) != n:
                 raise ValueError(f"Rollout.{name} has {t.size(0)} rows, expected {n} (rows of prompt_ids)")
@@ -66,8 +69,14 @@ class Rollout:
     @property
     def nbytes(self) -> int:
         """Bytes of the tensors (the payload a producer sends)."""
-        return sum(t.numel() * t.element_size() for name in _PROMPT_FIELDS + _RESPONSE_FIELDS + _ROW_FIELDS
-                   if (t := getattr(self, name)) is not None)
+        return sum(t.numel() * t.element_size() for name in _TENSOR_FIELDS if (t := getattr(self, name)) is not None)
+
+    def __reduce__(self):
+        """Pickled with its tensors as numpy arrays (`coati_relay.exchange.wire`: torch's own pickling leaves cyclic
+        garbage per tensor); it arrives with them on the CPU."""
+        state = {f.name: getattr(self, f.name) for f in fields(self)}
+        wired = {name: to_wire(t) for name in _TENSOR_FIELDS if (t := state[name]) is not None}
+        return _rollout_from_wire, ({**state, **wired},)
 
     @property
     def num_prompts(self) -> int:
@@ -88,7 +97,7 @@ class Rollout:
         g = self.group_size
         idx = torch.tensor([i * g + j for i in groups for j in range(g)], dtype=torch.long)
         out: Dict[str, Any] = {name: None if getattr(self, name) is None else getattr(self, name)[idx.to(
-            getattr(self, name).device)] for name in _PROMPT_FIELDS + _RESPONSE_FIELDS + _ROW_FIELDS}
+            getattr(self, name).device)] for name in _TENSOR_FIELDS}
         out["info"] = {k: [v[i] for i in groups] for k, v in self.info.items()}
         return Rollout(group_size=g, weight_version=self.weight_version, **out)
 
@@ -124,6 +133,11 @@ class Rollout:
         versions = {p.weight_version for p in parts}
         out["weight_version"] = min(versions)
         return Rollout(group_size=g, **out)
+
+
+def _rollout_from_wire(state: Dict[str, Any]) -> Rollout:
+    """The `Rollout` of `Rollout.__reduce__`'s state."""
+    return Rollout(**{k: from_wire(v) if k in _TENSOR_FIELDS and v is not None else v for k, v in state.items()})
 
 
 def response_mask(response_ids: torch.Tensor, stop_ids: Sequence[int],

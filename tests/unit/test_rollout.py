@@ -30,3 +30,42 @@ def test_concat_pads_prompts_left_and_responses_right():
     assert joined.prompt_ids.tolist()[2:] == [[7, 7, 7]] * 2 and joined.prompt_ids.tolist()[0] == [0, 7, 7]
     assert joined.response_ids.tolist()[2] == [8, 0, 0] and joined.logprobs[2].tolist() == [-1.0, 0.0, 0.0]
     assert joined.weight_version == 3 and joined.info == {"gt_answer": ["a", "a"]} and joined.num_prompts == 2
+
+
+def test_a_pickled_rollout_comes_back_equal_and_leaves_no_cyclic_garbage():
+    """Its tensors travel as numpy arrays (`coati_relay.exchange.wire`); torch's own pickling of a tensor defines a
+    class per call, garbage that only a full collection frees, and kept a long run's memory up between them."""
+    import gc
+    import pickle
+
+    import numpy as np
+
+    from coati_relay.exchange.wire import from_wire, to_wire
+
+    n = 4
+    r = Rollout(prompt_ids=torch.arange(12).view(n, 3), prompt_mask=torch.ones(n, 3, dtype=torch.long),
+                response_ids=torch.arange(8).view(n, 2), response_mask=T([[1, 0]] * n).bool(),
+                logprobs=torch.randn(n, 2).bfloat16(), response_lengths=torch.full((n,), 2), group_size=2,
+                weight_version=5, rewards=torch.randn(n), info={"gt_answer": ["a", "b"]})
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        back = [pickle.loads(pickle.dumps(r, protocol=pickle.HIGHEST_PROTOCOL)) for _ in range(5)][-1]
+        gc.collect()
+        garbage = len(gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert garbage == 0, f"{garbage} objects of cyclic garbage from 5 round trips"
+    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "logprobs", "response_lengths",
+                 "rewards"):
+        a, b = getattr(r, name), getattr(back, name)
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    assert (back.group_size, back.weight_version, back.info, back.format_acc) == (2, 5, {"gt_answer": ["a", "b"]},
+                                                                                   None)
+    read_only = np.arange(3)
+    read_only.flags.writeable = False  # as Ray's object store hands an array back
+    t = from_wire(("int64", read_only))
+    t += 1  # a copy: writable, and the stored array is untouched
+    assert t.tolist() == [1, 2, 3] and read_only.tolist() == [0, 1, 2]
+    assert from_wire(to_wire(torch.ones(2, dtype=torch.bfloat16))).dtype == torch.bfloat16

@@ -6,18 +6,14 @@ numel); ``PackedStateDict`` is that form as Ray stores it without pickling (nump
 """
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
+from coati_relay.exchange.wire import dtype_name, from_wire, to_wire
+
 FlatMeta = List[Tuple[str, str, Tuple[int, ...], int, int]]  # name, dtype, shape, offset, numel
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """The key of a dtype's buffer: "float32", "bfloat16", ..."""
-    return str(dtype).replace("torch.", "")
 
 
 def flatten_state_dict(tensors: Dict[str, torch.Tensor], device: Optional[torch.device] = None,
@@ -53,17 +49,14 @@ def unflatten_state_dict(buffers: Dict[str, torch.Tensor], meta: FlatMeta) -> Di
 
 
 def _to_wire(buffers: Dict[str, torch.Tensor]) -> Dict[str, Any]:
-    """numpy views of the buffers: Ray stores numpy arrays without pickling and reads them back without a copy
-    (torch tensors are pickled both ways). bfloat16, which numpy lacks, travels as int16 bits."""
-    return {dt: (b.view(torch.int16) if b.dtype == torch.bfloat16 else b).numpy() for dt, b in buffers.items()}
+    """numpy views of the buffers (`coati_relay.exchange.wire`): Ray stores numpy arrays without pickling and reads
+    them back without a copy."""
+    return {dt: to_wire(b)[1] for dt, b in buffers.items()}
 
 
 def _from_wire(arrays: Dict[str, Any]) -> Dict[str, torch.Tensor]:
     """Read-only tensors over the object store's arrays; `load_weights` copies out of them."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        out = {dt: torch.from_numpy(a) for dt, a in arrays.items()}
-    return {dt: (t.view(torch.bfloat16) if dt == "bfloat16" else t) for dt, t in out.items()}
+    return {dt: from_wire((dt, a), copy_read_only=False) for dt, a in arrays.items()}
 
 
 class PackedStateDict(Mapping):

@@ -26,7 +26,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from coati_relay.exchange.packing import FlatMeta, dtype_name, flatten_state_dict, unflatten_state_dict
+from coati_relay.exchange.packing import FlatMeta, flatten_state_dict, unflatten_state_dict
+from coati_relay.exchange.wire import dtype_name
 
 SHM_DIR = Path("/dev/shm")
 HEADER_BYTES = 4096  # slot s's (sequence, version) as two int64 at byte 64 * s; the slots start after it
