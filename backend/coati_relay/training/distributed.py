@@ -84,11 +84,26 @@ def init_process_group(rank: int, world_size: int, master_addr: str, master_port
     logger.info("joining process group tcp://%s:%d as rank %d of %d (%s)", host, master_port, rank, world_size,
                 backend)
     where = {"store": store} if store is not None else {"init_method": f"tcp://{host}:{master_port}"}
+    _no_flight_recorder_on_gloo(backend)
     dist.init_process_group(backend=backend, **where, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
     _leave_group_at_exit(world_size)
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
+
+
+# torch's flight recorder keeps a process group's last TORCH_FR_BUFFER_SIZE collectives (2,000 by default) with their
+# Python stacks, for the dumps of NCCL's watchdog: about 1.9 MiB a gloo group fills by its 2,000th collective, which a
+# long run's soak reads as growth per round for its first few hundred rounds (DDP runs several collectives a round;
+# `coati_relay.observe.memory_soak`). A gloo group records none unless either variable is set.
+FLIGHT_RECORDER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+
+
+def _no_flight_recorder_on_gloo(backend: str) -> None:
+    """``TORCH_FR_BUFFER_SIZE=0`` for a gloo group about to be made (torch reads it then), unless the flight
+    recorder's size is set in the environment."""
+    if backend == "gloo" and not any(key in os.environ for key in FLIGHT_RECORDER_ENV):
+        os.environ[FLIGHT_RECORDER_ENV[0]] = "0"
 
 
 def _leave_group_at_exit(world_size: int) -> None:
@@ -153,6 +168,7 @@ def init_process_group_from_env(timeout_s: float = 300, required: bool = True, a
             init_process_group(rank, world_size, addr, store.port, timeout_s=timeout_s, store=store)
         return True
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    _no_flight_recorder_on_gloo(backend)
     dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
     _leave_group_at_exit(world_size)
@@ -164,7 +180,7 @@ def init_process_group_from_env(timeout_s: float = 300, required: bool = True, a
 # The variables of a torch.distributed env:// rendezvous (``LOCAL_RANK`` aside: a launcher's, not the rendezvous').
 RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # Every variable `init_process_group` sets.
-PROCESS_GROUP_ENV = (*RENDEZVOUS_ENV, "LOCAL_RANK")
+PROCESS_GROUP_ENV = (*RENDEZVOUS_ENV, "LOCAL_RANK", FLIGHT_RECORDER_ENV[0])
 
 
 def ensure_single_process_group(timeout_s: float = 60) -> None:
