@@ -54,3 +54,34 @@ def test_an_item_carries_only_its_own_bytes_to_the_trainer():
     row_bytes = 4096 * 8
     sizes = [len(pickle.dumps(it.sequences)) for it in items]
     assert max(sizes) < 2 * row_bytes, f"an item's sequences pickle to {max(sizes)} bytes, its row has {row_bytes}"
+    whole = [len(pickle.dumps(it)) for it in items]  # the item as it travels: its tensors as numpy arrays
+    assert max(whole) < 2 * row_bytes, f"an item pickles to {max(whole)} bytes, its row has {row_bytes}"
+
+
+def test_items_and_batches_travel_as_arrays_and_leave_no_cyclic_garbage():
+    """torch's own pickling of a tensor defines a class per call (cyclic garbage until a full collection); the
+    legacy items and batches pickle their tensors as numpy arrays and come back equal, masks of None included."""
+    import gc
+    import pickle
+
+    from coati_compat.legacy.experience import BufferItem
+
+    batch = _batch(range(4))
+    batch.action_mask = None
+    items = split_experience_batch(batch)
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        back_items, back_batch = pickle.loads(pickle.dumps((items, batch), protocol=pickle.HIGHEST_PROTOCOL))
+        gc.collect()
+        garbage = len(gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert garbage == 0, f"{garbage} objects of cyclic garbage from one round trip"
+    assert type(back_batch) is Experience and all(type(it) is BufferItem for it in back_items)
+    for before, after in [(batch, back_batch), *zip(items, back_items)]:
+        for key in ("sequences", "action_log_probs", "values", "reward", "advantages", "attention_mask"):
+            a, b = getattr(before, key), getattr(after, key)
+            assert a.dtype == b.dtype and torch.equal(a, b), key
+        assert after.action_mask is None
