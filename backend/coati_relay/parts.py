@@ -45,8 +45,8 @@ _PARTS: Dict[str, str] = {
     "QueueEntry": "coati_relay.exchange.queue",
     "lora_delta": "coati_relay.exchange.lora_deltas",
     "put_packed": "coati_relay.exchange.packing",
-    "from_wire": "coati_relay.exchange.wire",
-    "to_wire": "coati_relay.exchange.wire",
+    "unwired": "coati_relay.exchange.wire",
+    "wired_fields": "coati_relay.exchange.wire",
     "replace_delta": "coati_relay.exchange.lora_deltas",
     # cluster: devices, bounded waits, liveness, the local cluster a run starts
     "accelerator_device": "coati_relay.cluster.devices",

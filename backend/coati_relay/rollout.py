@@ -6,13 +6,13 @@ A `Rollout` holds ``N = num_prompts * group_size`` sampled sequences, prompt-maj
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from coati_relay.exchange.wire import from_wire, to_wire
+from coati_relay.exchange.wire import unwired, wired_fields
 
 # Tensor fields whose second dimension is the response length; they are right-padded when rollouts are joined.
 _RESPONSE_FIELDS = ("response_ids", "response_mask", "logprobs")
@@ -74,9 +74,7 @@ class Rollout:
     def __reduce__(self):
         """Pickled with its tensors as numpy arrays (`coati_relay.exchange.wire`: torch's own pickling leaves cyclic
         garbage per tensor); it arrives with them on the CPU."""
-        state = {f.name: getattr(self, f.name) for f in fields(self)}
-        wired = {name: to_wire(t) for name in _TENSOR_FIELDS if (t := state[name]) is not None}
-        return _rollout_from_wire, ({**state, **wired},)
+        return _rollout_from_wire, (wired_fields(self),)
 
     @property
     def num_prompts(self) -> int:
@@ -137,7 +135,7 @@ class Rollout:
 
 def _rollout_from_wire(state: Dict[str, Any]) -> Rollout:
     """The `Rollout` of `Rollout.__reduce__`'s state."""
-    return Rollout(**{k: from_wire(v) if k in _TENSOR_FIELDS and v is not None else v for k, v in state.items()})
+    return Rollout(**unwired(state))
 
 
 def response_mask(response_ids: torch.Tensor, stop_ids: Sequence[int],

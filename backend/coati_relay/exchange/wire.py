@@ -9,12 +9,18 @@ numpy lacks, travels as int16 bits.
 from __future__ import annotations
 
 import warnings
-from typing import Tuple
+from dataclasses import fields
+from typing import Any, Dict, NamedTuple
 
 import numpy as np
 import torch
 
-Wire = Tuple[str, np.ndarray]  # (dtype name, array)
+
+class Wire(NamedTuple):
+    """A tensor on the wire."""
+
+    dtype: str  # its dtype's name (`dtype_name`)
+    array: np.ndarray
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -25,7 +31,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 def to_wire(t: torch.Tensor) -> Wire:
     """``t`` as (dtype name, numpy array): a view of a CPU tensor, a copy on the host of one on a device."""
     t = t.detach().cpu()
-    return dtype_name(t.dtype), (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
+    return Wire(dtype_name(t.dtype), (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy())
 
 
 def from_wire(wire: Wire, copy_read_only: bool = True) -> torch.Tensor:
@@ -38,3 +44,14 @@ def from_wire(wire: Wire, copy_read_only: bool = True) -> torch.Tensor:
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         t = torch.from_numpy(array)
     return t.view(torch.bfloat16) if name == "bfloat16" else t
+
+
+def wired_fields(obj: Any) -> Dict[str, Any]:
+    """A dataclass's fields by name, each tensor in `to_wire`'s form: the state its ``__reduce__`` pickles."""
+    values = {f.name: getattr(obj, f.name) for f in fields(obj)}
+    return {k: to_wire(v) if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+
+
+def unwired(state: Dict[str, Any]) -> Dict[str, Any]:
+    """`wired_fields`'s state with its tensors back (on the CPU): the keywords that rebuild the dataclass."""
+    return {k: from_wire(v) if isinstance(v, Wire) else v for k, v in state.items()}

@@ -16,26 +16,24 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from coati_compat.imports.deprecations import deprecated_api
-from coati_relay.parts import from_wire, to_wire
+from coati_relay.parts import unwired, wired_fields
 
 KEYS = ("sequences", "action_log_probs", "values", "reward", "advantages", "attention_mask", "action_mask")
 _LEFT_PADDED = ("action_log_probs", "action_mask")
 
 
 class _TensorsAsArrays:
-    """Pickles a dataclass with its tensors as numpy arrays (the engine's `to_wire`), as they cross Ray between a
-    maker and a trainer: torch's own pickling of a tensor defines a class per call, cyclic garbage that only a full
+    """Pickles a dataclass with its tensors as numpy arrays (the engine's `wired_fields`), as they cross Ray between
+    a maker and a trainer: torch's own pickling of a tensor defines a class per call, cyclic garbage that only a full
     collection frees, and takes about 6x as long (1.1 ms against 0.18 for a 7-tensor item). Tensors arrive on the
     CPU, where the maker puts them before sending."""
 
     def __reduce__(self):
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        tensors = {k: to_wire(v) for k, v in values.items() if isinstance(v, torch.Tensor)}
-        return _from_arrays, (type(self), tensors, {k: v for k, v in values.items() if k not in tensors})
+        return _from_arrays, (type(self), wired_fields(self))
 
 
-def _from_arrays(cls: type, tensors: dict, others: dict):
-    return cls(**others, **{k: from_wire(v) for k, v in tensors.items()})
+def _from_arrays(cls: type, state: dict):
+    return cls(**unwired(state))
 
 
 @deprecated_api("coati.experience_maker.Experience")
