@@ -28,9 +28,8 @@ def default_run_dir(base: Path, fresh: bool) -> Path:
     if not fresh or not holds_run(base):
         return base
     k = 2
-    while holds_run(base.with_name(f"{base.name}-{k}")):
+    while holds_run(chosen := base.with_name(f"{base.name}-{k}")):
         k += 1
-    chosen = base.with_name(f"{base.name}-{k}")
     logger.warning("%s holds an earlier run; this run writes to %s (pass run_dir to choose the directory, or "
                    "resume_from to continue the earlier run)", base, chosen)
     return chosen
