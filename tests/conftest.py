@@ -66,3 +66,21 @@ def tiny_model_path(tmp_path_factory):
     from coati_relay.toy import build_tiny_model
 
     return str(build_tiny_model())
+
+
+@pytest.fixture
+def cyclic_garbage():
+    """``count(fn)``: runs ``fn()`` and returns (its result, how many objects it left as cyclic garbage, which only
+    the collector frees), counted with ``gc.DEBUG_SAVEALL``."""
+    def count(fn):
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            result = fn()
+            gc.collect()
+            return result, len(gc.garbage)
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+
+    return count

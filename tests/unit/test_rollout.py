@@ -32,10 +32,9 @@ def test_concat_pads_prompts_left_and_responses_right():
     assert joined.weight_version == 3 and joined.info == {"gt_answer": ["a", "a"]} and joined.num_prompts == 2
 
 
-def test_a_pickled_rollout_comes_back_equal_and_leaves_no_cyclic_garbage():
+def test_a_pickled_rollout_comes_back_equal_and_leaves_no_cyclic_garbage(cyclic_garbage):
     """Its tensors travel as numpy arrays (`coati_relay.exchange.wire`); torch's own pickling of a tensor defines a
     class per call, garbage that only a full collection frees, and kept a long run's memory up between them."""
-    import gc
     import pickle
 
     import numpy as np
@@ -47,15 +46,8 @@ def test_a_pickled_rollout_comes_back_equal_and_leaves_no_cyclic_garbage():
                 response_ids=torch.arange(8).view(n, 2), response_mask=T([[1, 0]] * n).bool(),
                 logprobs=torch.randn(n, 2).bfloat16(), response_lengths=torch.full((n,), 2), group_size=2,
                 weight_version=5, rewards=torch.randn(n), info={"gt_answer": ["a", "b"]})
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        back = [pickle.loads(pickle.dumps(r, protocol=pickle.HIGHEST_PROTOCOL)) for _ in range(5)][-1]
-        gc.collect()
-        garbage = len(gc.garbage)
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
+    back, garbage = cyclic_garbage(
+        lambda: [pickle.loads(pickle.dumps(r, protocol=pickle.HIGHEST_PROTOCOL)) for _ in range(5)][-1])
     assert garbage == 0, f"{garbage} objects of cyclic garbage from 5 round trips"
     for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "logprobs", "response_lengths",
                  "rewards"):

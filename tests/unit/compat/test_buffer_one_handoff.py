@@ -58,10 +58,9 @@ def test_an_item_carries_only_its_own_bytes_to_the_trainer():
     assert max(whole) < 2 * row_bytes, f"an item pickles to {max(whole)} bytes, its row has {row_bytes}"
 
 
-def test_items_and_batches_travel_as_arrays_and_leave_no_cyclic_garbage():
+def test_items_and_batches_travel_as_arrays_and_leave_no_cyclic_garbage(cyclic_garbage):
     """torch's own pickling of a tensor defines a class per call (cyclic garbage until a full collection); the
     legacy items and batches pickle their tensors as numpy arrays and come back equal, masks of None included."""
-    import gc
     import pickle
 
     from coati_compat.legacy.experience import BufferItem
@@ -69,15 +68,8 @@ def test_items_and_batches_travel_as_arrays_and_leave_no_cyclic_garbage():
     batch = _batch(range(4))
     batch.action_mask = None
     items = split_experience_batch(batch)
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        back_items, back_batch = pickle.loads(pickle.dumps((items, batch), protocol=pickle.HIGHEST_PROTOCOL))
-        gc.collect()
-        garbage = len(gc.garbage)
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
+    (back_items, back_batch), garbage = cyclic_garbage(
+        lambda: pickle.loads(pickle.dumps((items, batch), protocol=pickle.HIGHEST_PROTOCOL)))
     assert garbage == 0, f"{garbage} objects of cyclic garbage from one round trip"
     assert type(back_batch) is Experience and all(type(it) is BufferItem for it in back_items)
     for before, after in [(batch, back_batch), *zip(items, back_items)]:
