@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from coati_relay.exchange.wire import dtype_name, from_wire, to_wire
+from coati_relay.exchange.wire import Wire, dtype_name, from_wire, to_wire
 
 FlatMeta = List[Tuple[str, str, Tuple[int, ...], int, int]]  # name, dtype, shape, offset, numel
 
@@ -51,12 +51,12 @@ def unflatten_state_dict(buffers: Dict[str, torch.Tensor], meta: FlatMeta) -> Di
 def _to_wire(buffers: Dict[str, torch.Tensor]) -> Dict[str, Any]:
     """numpy views of the buffers (`coati_relay.exchange.wire`): Ray stores numpy arrays without pickling and reads
     them back without a copy."""
-    return {dt: to_wire(b)[1] for dt, b in buffers.items()}
+    return {dt: to_wire(b).array for dt, b in buffers.items()}
 
 
 def _from_wire(arrays: Dict[str, Any]) -> Dict[str, torch.Tensor]:
     """Read-only tensors over the object store's arrays; `load_weights` copies out of them."""
-    return {dt: from_wire((dt, a), copy_read_only=False) for dt, a in arrays.items()}
+    return {dt: from_wire(Wire(dt, a), copy_read_only=False) for dt, a in arrays.items()}
 
 
 class PackedStateDict(Mapping):
