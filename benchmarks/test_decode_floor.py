@@ -2,13 +2,16 @@
 where an engine step's time goes, phase by phase, as a multiple of what the hardware needs for the phase.
 
 Work: the vs-TRL setting (`test_vs_trl.py`): 8 numbered toy prompts x 8 samples, 128 new tokens (EOS ignored, so
-every row decodes every step), on the 3.5M Qwen2 (hidden 256, 6 layers). ``--benchmark-disable`` (the smoke run)
-runs each benchmark once on the tiny model with 8 new tokens.
+every row decodes every step), on the 3.5M Qwen2 (hidden 256, 6 layers) and, per token only, the 22M one (hidden
+512, 10 layers). ``--benchmark-disable`` (the smoke run) runs each benchmark once on the tiny model with 8 new
+tokens.
 
 - ``floor``: one decode step on the training module: a batch-64, one-token forward over a key/value cache holding
   the prompt and half the response (the mean context of a response), without gradient.
 - ``transformers-generate``: the same model's ``generate`` (sampling, its dynamic cache), per new token.
-- ``backend``: `TransformersBackend.around` the same module (`coati_relay.inference.decode_loop`), per new token.
+- ``backend``: `TransformersBackend.around` the same module (`coati_relay.inference.decode_loop` over its default
+  step, `coati_relay.inference.fused_step.FusedStep`), per new token.
+- ``backend-model-forward``: the same with ``fused_decode=False``: the loop over the model's own forward.
 - ``backend-compiled``: the same with ``compiled_decode`` (`coati_relay.inference.captured_decode`), per new token;
   ``compile_s``: its first call's first step (the compilation, paid once per process and shape bucket, in the
   warm-up round and not in the timed ones).
@@ -45,15 +48,18 @@ from peer_grpo import GENERATIONS, PROMPTS_PER_STEP, numbered_prompt
 
 from coati_relay.config.schema import SamplingConfig
 
-TIMED = dict(hidden_size=256, num_layers=6, new_tokens=128)
-SMOKE = dict(hidden_size=128, num_layers=2, new_tokens=8)
+MODELS = {"3.5M": dict(hidden_size=256, num_layers=6), "22M": dict(hidden_size=512, num_layers=10)}
+SMOKE = dict(hidden_size=128, num_layers=2)
+NEW_TOKENS, SMOKE_NEW_TOKENS = 128, 8
 FLOOR_REPEATS = 9  # steps timed per floor measurement (3 in the smoke run)
 
 
 @dataclass
 class Work:
-    """The model (loaded once, float32, CPU), its checkpoint, the prompts' token ids and the new tokens per row."""
+    """The model (loaded once, float32, CPU), its name in `MODELS`, its checkpoint, the prompts' token ids and the
+    new tokens per row."""
 
+    name: str
     path: str
     model: torch.nn.Module
     prompts: List[List[int]]
@@ -69,21 +75,24 @@ class Work:
         return SamplingConfig(max_new_tokens=self.new_tokens, temperature=1.0, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=sorted(MODELS))
 def work_setting(request) -> Work:
+    """The model of the parameter (3.5M or 22M; the tiny one in the smoke run, whose 22M case is skipped)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from coati_relay.toy import build_tiny_model, toy_prompt_text
 
     smoke = bool(request.config.getoption("benchmark_disable"))
-    shape = SMOKE if smoke else TIMED
-    path = str(build_tiny_model(hidden_size=shape["hidden_size"], num_layers=shape["num_layers"]))
+    if smoke and request.param != "3.5M":
+        pytest.skip("the smoke run decodes one model, the tiny one")
+    shape = SMOKE if smoke else MODELS[request.param]
+    path = str(build_tiny_model(**shape))
     tokenizer = AutoTokenizer.from_pretrained(path)
     prompts = [tokenizer(tokenizer.apply_chat_template(
         [{"role": "user", "content": numbered_prompt(toy_prompt_text("a"), i)}], add_generation_prompt=True,
         tokenize=False))["input_ids"] for i in range(PROMPTS_PER_STEP)]
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return Work(path, model, prompts, shape["new_tokens"], smoke)
+    return Work(request.param, path, model, prompts, SMOKE_NEW_TOKENS if smoke else NEW_TOKENS, smoke)
 
 
 def _median_s(fn: Callable[[], None], repeats: int) -> float:
@@ -132,7 +141,8 @@ def _record(figures: Dict, per_token_s: float, floor_s: float) -> None:
                    load_average=os.getloadavg()[0])
 
 
-@pytest.mark.parametrize("side", ["floor", "transformers-generate", "backend", "backend-compiled", "vllm"])
+@pytest.mark.parametrize("side", ["floor", "transformers-generate", "backend", "backend-model-forward",
+                                  "backend-compiled", "vllm"])
 def test_decode_per_token(benchmark, figures, work_setting, side):
     benchmark.group = "decode-per-token"
     w = work_setting
@@ -163,6 +173,7 @@ def test_decode_per_token(benchmark, figures, work_setting, side):
             from coati_relay.inference import TransformersBackend
 
             backend = TransformersBackend.around(w.model, w.path, w.sampling,
+                                                 fused_decode=side != "backend-model-forward",
                                                  compiled_decode=side == "backend-compiled")
         else:
             from coati_relay.inference import VLLMBackend
@@ -207,6 +218,8 @@ def test_step_phases(benchmark, figures, work_setting):
 
     benchmark.group = "step-phases"
     w = work_setting
+    if w.name != "3.5M":
+        pytest.skip("the phases are of the vs-TRL model's step (3.5M)")
     peak = matmul_peak_flops()
     shapes = model_shapes(w.path)
     tokenizer = AutoTokenizer.from_pretrained(w.path)

@@ -1,7 +1,8 @@
-"""The captured decode path (`coati_relay.inference.captured_decode`) against the decode loop on the CPU: the same
-tokens and log-probs under a fixed seed, on the toy Qwen2 and a GPT-2-shaped model. The unit tests run the step
-uncompiled (torch.compile's ``eager`` backend: the same static cache, masking and in-step sampling); the slow one
-compiles it with inductor."""
+"""The decode steps against the model's own forward on the CPU: the fused Llama-family step
+(`coati_relay.inference.fused_step`) in the decode loop, and the captured path (`coati_relay.inference.captured_decode`)
+around either step, give the same tokens and log-probs under a fixed seed as the loop over the model's forward, on
+the toy Qwen2 and Llama and a GPT-2-shaped model. The unit tests run the captured step uncompiled (torch.compile's
+``eager`` backend: the same static cache, masking and in-step sampling); the slow one compiles it with inductor."""
 from __future__ import annotations
 
 import pytest
@@ -9,6 +10,8 @@ import torch
 
 from coati_relay.config.schema import SamplingConfig
 from coati_relay.inference.captured_decode import CapturedDecoder
+from coati_relay.inference.fused_step import FusedStep, ModelStep, decode_step, fused_step_refusal
+from coati_relay.inference.prompt_sharing import real_positions
 from coati_relay.inference.transformers_backend import TransformersBackend
 from coati_relay.toy import build_tiny_model
 
@@ -20,33 +23,92 @@ SETTINGS = {
 }
 
 
-def _pair(backend: TransformersBackend, compile_backend: str, n: int = 4):
-    """The loop's rollout and the captured path's, same seed, same prompts."""
-    loop = backend.generate(PROMPTS, n)
-    backend.captured = CapturedDecoder(backend.model, backend=compile_backend)
+def _model_loop(backend: TransformersBackend, n: int = 4):
+    """The rollout of the loop over the model's own forward (the reference), the backend's step put back after."""
+    step, backend.step = backend.step, ModelStep(backend.model)
     try:
-        return loop, backend.generate(PROMPTS, n)
+        return backend.generate(PROMPTS, n)
+    finally:
+        backend.step = step
+
+
+def _captured(backend: TransformersBackend, compile_backend: str, n: int = 4):
+    """The captured path's rollout around the backend's step."""
+    backend.captured = CapturedDecoder(backend.step, backend=compile_backend)
+    try:
+        return backend.generate(PROMPTS, n)
     finally:
         backend.captured = None
 
 
-def _assert_same(loop, captured):
-    assert torch.equal(loop.response_lengths, captured.response_lengths)
-    assert torch.equal(loop.response_ids * loop.response_mask, captured.response_ids * captured.response_mask)
-    assert torch.allclose(loop.logprobs * loop.response_mask, captured.logprobs * captured.response_mask,
+def _assert_same(reference, other):
+    assert torch.equal(reference.response_lengths, other.response_lengths)
+    assert torch.equal(reference.response_ids * reference.response_mask, other.response_ids * other.response_mask)
+    assert torch.allclose(reference.logprobs * reference.response_mask, other.logprobs * other.response_mask,
                           atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_fused_step_in_the_loop_matches_the_models_forward(arch, setting):
+    backend = TransformersBackend(str(build_tiny_model(arch=arch)), SETTINGS[setting])
+    assert isinstance(backend.step, FusedStep)
+    _assert_same(_model_loop(backend), backend.generate(PROMPTS, 4))
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
-def test_captured_step_matches_the_loop(tmp_path, arch, setting):
+def test_captured_step_matches_the_models_forward(arch, setting):
     backend = TransformersBackend(str(build_tiny_model(arch=arch)), SETTINGS[setting])
-    _assert_same(*_pair(backend, "eager"))
+    assert isinstance(backend.step, FusedStep if arch == "qwen2" else ModelStep)
+    _assert_same(_model_loop(backend), _captured(backend, "eager"))
+
+
+def test_fused_logits_equal_the_forwards_on_a_left_padded_batch():
+    """One step after a prefill, rows of different prompt lengths: the fused logits [rows, V] are the model's."""
+    backend = TransformersBackend(str(build_tiny_model(hidden_size=128, num_layers=2)), SETTINGS["plain"])
+    model, fused = backend.model, FusedStep(backend.model)
+    ids = torch.tensor([[0, 0, 5, 9], [3, 4, 5, 6]])
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    positions = mask.sum(dim=1) - 1
+    with torch.no_grad():
+        reference = model(input_ids=ids, attention_mask=mask, position_ids=real_positions(mask)).logits
+        cache = backend._prefill(ids, mask, torch.arange(2), 8)  # columns [0, P - 1); the step writes the last
+        logits = fused(ids[:, -1], mask, positions, cache)
+    assert torch.allclose(logits, reference[:, -1], atol=1e-5, rtol=0)
+
+
+def test_the_fused_step_refuses_what_it_does_not_compute():
+    from transformers import AutoModelForCausalLM
+
+    gpt2 = AutoModelForCausalLM.from_pretrained(str(build_tiny_model(arch="gpt2")))
+    assert "model_type 'gpt2'" in fused_step_refusal(gpt2)
+    assert isinstance(decode_step(gpt2, fused=True), ModelStep)
+    with pytest.raises(ValueError, match="fused_decode=False"):
+        FusedStep(gpt2)
+    qwen = AutoModelForCausalLM.from_pretrained(str(build_tiny_model()))
+    assert fused_step_refusal(qwen) is None and isinstance(decode_step(qwen, fused=False), ModelStep)
+    layer = qwen.model.layers[0].self_attn
+    layer.q_proj = torch.nn.Sequential(layer.q_proj)  # a wrapped projection, as LoRA makes
+    assert "plain torch.nn.Linear" in fused_step_refusal(qwen)
+    qwen.config.sliding_window, qwen.config.use_sliding_window = 8, True
+    assert "sliding window" in fused_step_refusal(qwen)
+
+
+def test_fused_step_reads_weights_loaded_between_calls():
+    backend = TransformersBackend(str(build_tiny_model()), SETTINGS["sampled"])
+    first = backend.generate(PROMPTS, 4)
+    name = "model.layers.0.self_attn.k_proj.weight"  # read through the concatenated projection
+    backend.load_weights(1, {name: backend._params[name].detach() * 0.5})
+    reference = _model_loop(backend)
+    second = backend.generate(PROMPTS, 4)
+    assert not torch.equal(first.logprobs, second.logprobs)
+    _assert_same(reference, second)
 
 
 def test_a_bucket_is_reused_across_rounds_and_weight_loads():
     backend = TransformersBackend(str(build_tiny_model()), SETTINGS["sampled"])
-    backend.captured = CapturedDecoder(backend.model, backend="eager")
+    backend.captured = CapturedDecoder(backend.step, backend="eager")
     first = backend.generate(PROMPTS, 4)
     name, param = next(iter(backend.model.named_parameters()))
     before = param.data_ptr()
@@ -56,14 +118,15 @@ def test_a_bucket_is_reused_across_rounds_and_weight_loads():
     assert not torch.equal(first.logprobs, second.logprobs)  # the new weights are read by the same bucket
 
 
-def test_compiled_decode_is_a_checked_transformers_key():
+def test_decode_keys_are_checked_transformers_keys():
     from coati_relay.config.inference import TRANSFORMERS_KEYS
 
-    check = TRANSFORMERS_KEYS["compiled_decode"]
-    assert check.ok(True) and check.ok(False) and not check.ok(1)
+    for key in ("compiled_decode", "fused_decode"):
+        check = TRANSFORMERS_KEYS[key]
+        assert check.ok(True) and check.ok(False) and not check.ok(1)
 
 
 @pytest.mark.slow
-def test_inductor_step_matches_the_loop():
+def test_inductor_step_matches_the_models_forward():
     backend = TransformersBackend(str(build_tiny_model()), SETTINGS["sampled"])
-    _assert_same(*_pair(backend, "inductor"))
+    _assert_same(_model_loop(backend), _captured(backend, "inductor"))

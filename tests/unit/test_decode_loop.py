@@ -11,6 +11,7 @@ import torch
 from coati_relay.config.schema import SamplingConfig
 from coati_relay.inference import TransformersBackend
 from coati_relay.inference.decode_loop import PreallocatedLayer
+from coati_relay.inference.fused_step import FusedStep, ModelStep
 
 PROMPTS = [[3, 40, 41, 42, 43, 44], [7, 8], [10, 20, 30, 40], [100, 101, 102]]
 
@@ -74,20 +75,38 @@ def test_ignore_eos_keeps_decoding_past_an_eos(model, tiny_model_path):
     assert torch.equal(r.response_ids, logits.argmax(dim=-1))
 
 
-def test_stopped_rows_leave_the_batch(model, tiny_model_path):
-    """With most tokens stopping a row, later forwards take fewer rows; the rollout still ends each row at its stop."""
+class _Recording:
+    """A decode step that records the rows [rows] of each call."""
+
+    def __init__(self, step, rows: List[int]):
+        self.step, self.rows = step, rows
+
+    def refresh(self) -> None:
+        self.step.refresh()
+
+    def __call__(self, feed, *rest):
+        self.rows.append(feed.size(0))
+        return self.step(feed, *rest)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_stopped_rows_leave_the_batch(model, tiny_model_path, fused):
+    """With most tokens stopping a row, later steps take fewer rows; the rollout still ends each row at its stop."""
     stops = list(range(2, 200))
     backend = TransformersBackend.around(model, tiny_model_path, SamplingConfig(max_new_tokens=12, seed=1,
-                                                                                  stop_token_ids=stops))
-    rows: List[int] = []
-    hook = model.register_forward_hook(lambda m, args, kwargs, out: rows.append(kwargs["input_ids"].size(0)),
+                                                                                  stop_token_ids=stops),
+                                         fused_decode=fused)
+    prefill_rows: List[int] = []
+    decode_rows: List[int] = []
+    assert isinstance(backend.step, FusedStep if fused else ModelStep)
+    backend.step = _Recording(backend.step, decode_rows)
+    hook = model.register_forward_hook(lambda m, args, kwargs, out: prefill_rows.append(kwargs["input_ids"].size(0)),
                                        with_kwargs=True)
     try:
         r = backend.generate(PROMPTS, 8)
     finally:
         hook.remove()
-    assert rows[0] == len(PROMPTS), "the prefill runs each prompt once"
-    decode_rows = rows[1:]
+    assert prefill_rows[0] == len(PROMPTS), "the prefill runs each prompt once"
     assert decode_rows[0] == 32 and decode_rows[-1] < 32 and decode_rows == sorted(decode_rows, reverse=True)
     short = r.response_lengths < 12
     assert short.any()

@@ -76,6 +76,9 @@ TRANSFORMERS_KEYS: Dict[str, Check] = {
     "device": Check(_device, "'cpu', 'cuda' or 'cuda:N' (default: the producer's GPU where it has one)"),
     "attn_implementation": Check(lambda v: isinstance(v, str), "a str such as 'sdpa', 'eager' or "
                                                                "'flash_attention_2'"),
+    "fused_decode": Check(is_flag, "True or False (default True): decode Llama, Qwen2 and Mistral models through "
+                                   "the fused one-token step (one matmul for q, k, v and one for gate and up); "
+                                   "other models always use their own forward"),
     "compiled_decode": Check(is_flag, "True or False (default False): decode through one torch.compile'd step "
                                       "per shape bucket over a static cache; pays only where the run's steps "
                                       "repay its compilation (benchmarks/README.md)"),

@@ -3,9 +3,10 @@ static key/value cache, sampling inside the step, finished rows masked instead o
 
 A `CapturedDecoder` belongs to one backend and keeps, per shape bucket (batch rows, cache capacity rounded up to
 `CAPACITY_STEP`), a transformers ``StaticCache`` and the step's buffers; the step is one ``torch.compile`` of
-`CapturedDecoder._step` (inductor on the CPU, CUDA graphs through ``mode="reduce-overhead"`` on CUDA), so a bucket
-compiles once per process and later rounds replay it. Weight loads copy into the parameters in place
-(`TransformersBackend.load_weights`), so they do not recompile.
+`CapturedDecoder._step` around the backend's one-token forward (`coati_relay.inference.fused_step`; inductor on the
+CPU, CUDA graphs through ``mode="reduce-overhead"`` on CUDA), so a bucket compiles once per process and later rounds
+replay it. Weight loads copy into the parameters in place (`TransformersBackend.load_weights`) and the fused step's
+concatenated projections are refreshed in place, so neither recompiles.
 
 Draws are those of `coati_relay.inference.decode_loop.TokenSampler`: the exponential noise [rows, V] is drawn
 eagerly (the same random stream as the loop) and the rest (temperature, top-k, top-p, the draw, the log-prob) runs
@@ -16,13 +17,14 @@ batch and the two random streams part.
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 from transformers.cache_utils import Cache
 
 from coati_relay.config.schema import SamplingConfig
 from coati_relay.inference.decode_loop import Decoded, StopStrings
+from coati_relay.inference.fused_step import FusedStep, ModelStep
 
 CAPACITY_STEP = 64  # cache capacities are rounded up to a multiple of this, so prompt widths share a bucket
 
@@ -53,16 +55,18 @@ class _Bucket:
             layer.cumulative_length.zero_()
             if prefilled is not None:
                 layer.update(prefilled.layers[i].keys, prefilled.layers[i].values)
-        self.mask.fill_(1)
+        self.mask.zero_()  # a column is attended to from the step that writes it on (`CapturedDecoder.decode`)
         self.mask[:, :width] = prompt_mask
 
 
 class CapturedDecoder:
-    """Decodes with ``model`` through one compiled step per shape bucket. backend: ``torch.compile``'s (None: inductor,
-    with ``mode="reduce-overhead"`` on CUDA); ``"eager"`` runs the same step uncompiled."""
+    """Decodes through ``step`` (its model's one-token forward) compiled once per shape bucket. backend:
+    ``torch.compile``'s (None: inductor, with ``mode="reduce-overhead"`` on CUDA); ``"eager"`` runs the same step
+    uncompiled."""
 
-    def __init__(self, model: torch.nn.Module, backend: Optional[str] = None):
-        self.model = model
+    def __init__(self, step: Union[ModelStep, FusedStep], backend: Optional[str] = None):
+        self.step = step
+        self.model = model = step.model
         device = next(model.parameters()).device
         options = {"mode": "reduce-overhead"} if device.type == "cuda" and backend is None else {}
         self._step_fn: Callable = torch.compile(self._step, backend=backend or "inductor", dynamic=False,
@@ -75,9 +79,7 @@ class CapturedDecoder:
         """feed, positions: LongTensor [rows]; column: LongTensor [1], the cache column written. Returns (tokens
         LongTensor [rows], log-probs FloatTensor [rows])."""
         greedy, temperature, top_k, top_p = sampling
-        logits = self.model(input_ids=feed[:, None], attention_mask=bucket.mask, position_ids=positions[:, None],
-                            past_key_values=bucket.cache, cache_position=column, use_cache=True,
-                            logits_to_keep=1).logits[:, -1].float()
+        logits = self.step(feed, bucket.mask, positions, bucket.cache, column)
         scores = logits if greedy or temperature == 1.0 else logits / temperature
         if greedy:
             tokens = scores.argmax(dim=-1, keepdim=True)
@@ -123,6 +125,7 @@ class CapturedDecoder:
             if not greedy:
                 bucket.noise.exponential_()
             column = torch.tensor([width - 1 + t], device=device)
+            bucket.mask[:, width - 1 + t] = 1
             started = time.perf_counter()
             feed, drawn = self._step_fn(bucket, feed.clone(), positions.clone(), column, static)
             if key not in self.compile_s:

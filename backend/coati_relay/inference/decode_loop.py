@@ -1,10 +1,10 @@
 """The transformers backend's decode loop: one forward per new token over a preallocated key/value cache, sampling on
 preallocated buffers, finished rows dropped from the batch.
 
-Per step: the model's one-token forward (``logits_to_keep=1``), the sampling processors (temperature, then top-k, then
-top-p, as transformers' ``generate`` applies them), one draw, the drawn token's log-prob, and a stop check. No logits
-outlive their step. The cache holds every row's keys and values in buffers sized for the whole call
-(`PreallocatedLayer`), so a step writes one column instead of copying the cache.
+Per step: the one-token forward (the model's own, or `coati_relay.inference.fused_step`'s), the sampling processors
+(temperature, then top-k, then top-p, as transformers' ``generate`` applies them), one draw, the drawn token's
+log-prob, and a stop check. No logits outlive their step. The cache holds every row's keys and values in buffers
+sized for the whole call (`PreallocatedLayer`), so a step writes one column instead of copying the cache.
 
 Draws equal ``torch.multinomial(softmax(scores), 1)`` (its one-sample path: ``argmax(p / q)`` with ``q ~ Exp(1)``
 drawn over the batch's [rows, V]), so while every row is in the batch the tokens are those of transformers' sampler
@@ -15,7 +15,7 @@ to the end.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -154,10 +154,11 @@ class StopStrings:
         return torch.tensor([t.endswith(self.strings) for t in texts], dtype=torch.bool, device=tokens.device)
 
 
-def decode(model: torch.nn.Module, cache: Cache, last_prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+def decode(step: Callable[..., torch.Tensor], cache: Cache, last_prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
            sampling: SamplingConfig, stop_ids: List[int], pad_token_id: int,
            stop_strings: Optional[StopStrings] = None) -> Decoded:
-    """Samples up to ``sampling.max_new_tokens`` tokens per row with ``model`` under ``no_grad``.
+    """Samples up to ``sampling.max_new_tokens`` tokens per row under ``no_grad``, each step's logits from ``step``
+    (`coati_relay.inference.fused_step`'s `ModelStep` or `FusedStep`).
 
     cache: the model's cache of every prompt column but the last ([N rows, P - 1 positions], capacity at least
     P - 1 + max_new_tokens; empty when P = 1); last_prompt_ids: LongTensor [N], each row's last prompt token;
@@ -179,9 +180,7 @@ def decode(model: torch.nn.Module, cache: Cache, last_prompt_ids: torch.Tensor, 
     feed = last_prompt_ids
     taken = 0
     for t in range(steps):
-        logits = model(input_ids=feed[:, None], attention_mask=mask[:row_of.numel(), :width + t],
-                       position_ids=positions[:, None], past_key_values=cache, use_cache=True,
-                       logits_to_keep=1).logits[:, -1].float()
+        logits = step(feed, mask[:row_of.numel(), :width + t], positions, cache)
         sampler = sampler or TokenSampler(sampling, rows, logits.size(-1), device)
         feed, drawn_logprobs = sampler(logits)
         tokens[row_of, t] = feed

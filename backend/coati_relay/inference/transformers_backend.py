@@ -2,9 +2,10 @@
 
 Generation is the prefill of each distinct prompt once (`coati_relay.inference.prompt_sharing`), then
 `coati_relay.inference.decode_loop`: one forward per token over a preallocated cache, finished rows leaving the batch.
-It samples as transformers' ``generate`` does (same processors, same draws while every row is in the batch).
-With ``compiled_decode`` the decode runs `coati_relay.inference.captured_decode` instead: a compiled one-token step
-over a static cache, the same draws while the loop keeps every row.
+The forward is `coati_relay.inference.fused_step.FusedStep` for the Llama family (``fused_decode``, on by default),
+else the model's own. It samples as transformers' ``generate`` does (same processors, same draws while every row is
+in the batch). With ``compiled_decode`` the decode runs `coati_relay.inference.captured_decode` instead: the same
+one-token step compiled over a static cache, the same draws while the loop keeps every row.
 
 Behaviour log-probs are those of the distribution actually sampled from: the logits after the temperature, top-k
 and top-p processors, each sampled token getting its ``log_softmax``. With top-k/top-p that is the renormalised
@@ -48,34 +49,39 @@ class TransformersBackend:
     per-call seeds used when ``sampling.seed`` is None (with ``sampling.seed`` set, every call uses that seed);
     device: where the model runs (None: the accelerator where the host has one, else the CPU).
     The checkpoint's ``generation_config.json`` is not used: sampling follows ``sampling`` alone.
-    compiled_decode: decode through `coati_relay.inference.captured_decode` (one compiled step per shape bucket over
-    a static cache) instead of the loop; off by default, as on the CPU it has not paid (benchmarks/README.md).
+    fused_decode: decode Llama-family models (Llama, Qwen2, Mistral) through
+    `coati_relay.inference.fused_step.FusedStep` (0.66-0.80x the model's forward per token on the CPU); other
+    models, and False, use the model's own forward.
+    compiled_decode: decode through `coati_relay.inference.captured_decode` (the step compiled once per shape bucket
+    over a static cache) instead of the loop; off by default: on the CPU its compilation does not pay within a short
+    run (benchmarks/README.md).
     """
 
     def __init__(self, model_path: str, sampling: SamplingConfig, tokenizer=None, device: Optional[str] = None,
                  dtype: torch.dtype = torch.float32, seed: int = 0, attn_implementation: Optional[str] = None,
-                 compiled_decode: bool = False):
+                 fused_decode: bool = True, compiled_decode: bool = False):
         from transformers import AutoModelForCausalLM
 
         device = resolve_device(device)
         extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype, **extra).to(device).eval()
         self._attach(model, model_path, sampling, tokenizer, device, seed, shared=False)
-        self._capture(compiled_decode)
+        self._capture(fused_decode, compiled_decode)
 
     @classmethod
     def around(cls, model: torch.nn.Module, model_path: Optional[str], sampling: SamplingConfig, tokenizer=None,
                seed: int = 0, *, eos_token_ids: Optional[Sequence[int]] = None,
-               pad_token_id: Optional[int] = None, compiled_decode: bool = False) -> "TransformersBackend":
+               pad_token_id: Optional[int] = None, fused_decode: bool = True,
+               compiled_decode: bool = False) -> "TransformersBackend":
         """A backend generating with ``model`` itself (a transformers causal LM being trained, or pushed to,
         elsewhere in this process): no copy; each `generate` puts it in eval mode under ``no_grad`` and restores its
         mode after. ``model_path``: the checkpoint it was loaded from (its EOS ids and tokenizer), or None with
         ``eos_token_ids`` (the ids that stop a response; [] for none) and ``pad_token_id`` (padding only) given.
-        compiled_decode: as for the constructor."""
+        fused_decode, compiled_decode: as for the constructor."""
         backend = cls.__new__(cls)
         backend._attach(model, model_path, sampling, tokenizer, next(model.parameters()).device, seed, shared=True,
                         eos_token_ids=eos_token_ids, pad_token_id=pad_token_id)
-        backend._capture(compiled_decode)
+        backend._capture(fused_decode, compiled_decode)
         return backend
 
     def _attach(self, model: torch.nn.Module, model_path: Optional[str], sampling: SamplingConfig, tokenizer,
@@ -94,13 +100,17 @@ class TransformersBackend:
         self._max_positions = getattr(self.model.config, "max_position_embeddings", None)
         self._seeds = SeedSequence(seed)
         self.weight_version = 0
+        self.step = None  # the decode loop's one-token forward (fused_step.ModelStep or FusedStep)
         self.captured = None  # a CapturedDecoder: decode through a compiled step (compiled_decode)
 
-    def _capture(self, compiled_decode: bool) -> None:
+    def _capture(self, fused_decode: bool, compiled_decode: bool) -> None:
+        from coati_relay.inference.fused_step import decode_step  # imports transformers: not at import
+
+        self.step = decode_step(self.model, fused_decode)
         if compiled_decode:
             from coati_relay.inference.captured_decode import CapturedDecoder
 
-            self.captured = CapturedDecoder(self.model)
+            self.captured = CapturedDecoder(self.step)
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -134,6 +144,7 @@ class TransformersBackend:
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=fork_devices):
                 torch.manual_seed(self._seeds.next(s))
+                self.step.refresh()
                 if self.captured is not None:
                     prefilled = prefill_shared(self.model, ids, mask, rows) if ids.size(1) >= 2 else None
                     out = self.captured.decode(prefilled, ids[rows, -1], mask[rows], s, stop_ids, self.pad_token_id,
@@ -141,7 +152,7 @@ class TransformersBackend:
                     del prefilled
                 else:
                     cache = self._prefill(ids, mask, rows, ids.size(1) - 1 + s.max_new_tokens)
-                    out = decode(self.model, cache, ids[rows, -1], mask[rows], s, stop_ids, self.pad_token_id,
+                    out = decode(self.step, cache, ids[rows, -1], mask[rows], s, stop_ids, self.pad_token_id,
                                  stop_strings)
                     del cache
         finally:
@@ -183,5 +194,5 @@ class TransformersBackend:
 
     def close(self) -> None:
         """Drops the model (a shared one stays with its owner); the backend cannot generate afterwards."""
-        self.model = None
+        self.model = self.step = self.captured = None
         self._params = {}
