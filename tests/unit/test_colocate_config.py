@@ -45,7 +45,8 @@ def test_colocate_is_off_by_default_and_on_when_asked(files):
     (dict(weight_sync="collective"), r"weight_sync='collective'.*colocate=False"),
     (dict(n_behind=1), r"n_behind=1.*on-policy"),
     (dict(on_producer_failure="continue"), r"on_producer_failure='continue'"),
-    (dict(inference_model_config={"dtype": "bfloat16"}), r"inference_model_config takes only 'path'"),
+    (dict(inference_model_config={"dtype": "bfloat16"}),
+     r"takes only 'path' and 'fused_decode' and 'compiled_decode'; got \['dtype'\]"),
     (dict(train_model_config={"lora": {"r": 4}}), r"lora'\] is not implemented"),
 ])
 def test_refusals_name_the_setting_and_the_fix(files, over, match):
@@ -64,6 +65,28 @@ def test_vllm_is_accepted_with_its_engine_settings(files):
                                     inference_model_config={"path": files["model"], "dtype": "float32"}))
     assert cfg.roles.colocate and cfg.roles.inference_backend == "vllm"
     assert cfg.models.inference_model_kwargs == {"dtype": "float32"}
+
+
+def test_transformers_takes_its_decode_keys(files):
+    """A colocated transformers backend decodes the training module: of its keys it takes the decode step's."""
+    cfg = build_run_config(**kwargs(files, inference_model_config={"path": files["model"], "fused_decode": False,
+                                                                   "compiled_decode": False}))
+    assert cfg.models.inference_model_kwargs == {"fused_decode": False, "compiled_decode": False}
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_colocated_producer_decodes_with_the_step_asked_for(files, fused):
+    from transformers import AutoModelForCausalLM
+
+    from coati_relay.inference.fused_step import FusedStep, ModelStep
+    from coati_relay.roles.producer import ProducerWorker
+
+    cfg = build_run_config(**kwargs(files, inference_model_config={"path": files["model"], "fused_decode": fused}))
+    producer = ProducerWorker(0, cfg, queue=None, weight_store=None)
+    policy = AutoModelForCausalLM.from_pretrained(files["model"])
+    producer.setup_colocated(policy)
+    assert producer.backend.model is policy
+    assert isinstance(producer.backend.step, FusedStep if fused else ModelStep)
 
 
 def test_a_different_inference_model_is_refused(files):

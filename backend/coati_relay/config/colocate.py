@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, List
 
+from coati_relay.config.inference import DECODE_KEYS
 from coati_relay.config.schema import Models, Plugin, Roles
 
 
@@ -40,10 +41,11 @@ def check_colocate(errors: List[str], colocate: Any, roles: Roles, models: Model
         errors.append(f"colocate=True generates with the model being trained, so inference_model_config['path'] "
                       f"({models.model_path}) must be train_model_config['path'] ({models.train_path}): give one "
                       f"path, {fix}")
-    if models.inference_model_kwargs and roles.inference_backend == "transformers":
+    module_keys = sorted(set(models.inference_model_kwargs) - set(DECODE_KEYS))
+    if module_keys and roles.inference_backend == "transformers":
         errors.append(f"colocate=True with inference_backend 'transformers' generates with the training model itself "
-                      f"(its device and dtype), so inference_model_config takes only 'path'; got "
-                      f"{sorted(models.inference_model_kwargs)}: drop them, {fix}")
+                      f"(its device and dtype), so inference_model_config takes only 'path' and "
+                      f"{' and '.join(repr(k) for k in DECODE_KEYS)}; got {module_keys}: drop them, {fix}")
     if models.lora:
         errors.append(f"colocate=True with train_model_config['lora'] is not implemented yet: train the full model, "
                       f"{fix}")

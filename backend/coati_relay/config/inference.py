@@ -85,6 +85,7 @@ TRANSFORMERS_KEYS: Dict[str, Check] = {
 }
 
 BACKEND_KEYS = {"vllm": VLLM_KEYS, "transformers": TRANSFORMERS_KEYS}
+DECODE_KEYS = ("fused_decode", "compiled_decode")  # the transformers keys a backend around the training module takes
 ALIASES = {"torch_dtype": "dtype"}  # ColossalChat's transformers producers pass torch_dtype
 
 # Keys refused for every backend, with what to do instead.
