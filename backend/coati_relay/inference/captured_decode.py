@@ -68,18 +68,24 @@ class CapturedDecoder:
         self.step = step
         self.model = model = step.model
         device = next(model.parameters()).device
+        # The fused step attends to the columns its mask spans: on CUDA the written ones rounded up to a multiple of
+        # CAPACITY_STEP (a graph per width), elsewhere exactly the written ones (one compilation, the width symbolic).
+        # The model's forward attends to the bucket's whole capacity.
+        self._windowed = isinstance(step, FusedStep)
+        self._exact_window = device.type != "cuda"
         options = {"mode": "reduce-overhead"} if device.type == "cuda" and backend is None else {}
         self._step_fn: Callable = torch.compile(self._step, backend=backend or "inductor", dynamic=False,
                                                 fullgraph=False, **options)
         self._buckets: Dict[Tuple[int, int], _Bucket] = {}
         self.compile_s: Dict[Tuple[int, int], float] = {}  # per (rows, capacity): the first step's seconds
 
-    def _step(self, bucket: _Bucket, feed: torch.Tensor, positions: torch.Tensor, column: torch.Tensor,
-              sampling: Tuple[bool, float, int, float]) -> Tuple[torch.Tensor, torch.Tensor]:
-        """feed, positions: LongTensor [rows]; column: LongTensor [1], the cache column written. Returns (tokens
-        LongTensor [rows], log-probs FloatTensor [rows])."""
+    def _step(self, bucket: _Bucket, mask: torch.Tensor, feed: torch.Tensor, positions: torch.Tensor,
+              column: torch.Tensor, sampling: Tuple[bool, float, int, float]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """mask: [rows, K], the bucket's mask over the columns attended to; feed, positions: LongTensor [rows];
+        column: LongTensor [1], the cache column written. Returns (tokens LongTensor [rows], log-probs FloatTensor
+        [rows])."""
         greedy, temperature, top_k, top_p = sampling
-        logits = self.step(feed, bucket.mask, positions, bucket.cache, column)
+        logits = self.step(feed, mask, positions, bucket.cache, column)
         scores = logits if greedy or temperature == 1.0 else logits / temperature
         if greedy:
             tokens = scores.argmax(dim=-1, keepdim=True)
@@ -127,7 +133,8 @@ class CapturedDecoder:
             column = torch.tensor([width - 1 + t], device=device)
             bucket.mask[:, width - 1 + t] = 1
             started = time.perf_counter()
-            feed, drawn = self._step_fn(bucket, feed.clone(), positions.clone(), column, static)
+            feed, drawn = self._step_fn(bucket, self._attended(bucket, width + t, capacity), feed.clone(),
+                                        positions.clone(), column, static)
             if key not in self.compile_s:
                 self.compile_s[key] = time.perf_counter() - started
             tokens[:, t] = feed
@@ -145,3 +152,13 @@ class CapturedDecoder:
                 break
         lengths.clamp_(max=taken)
         return Decoded(tokens[:, :taken], logprobs[:, :taken], lengths)
+
+    def _attended(self, bucket: _Bucket, written: int, capacity: int) -> torch.Tensor:
+        """The bucket's mask over the columns the step attends to, ``written`` of them holding keys."""
+        if not self._windowed:
+            return bucket.mask
+        if self._exact_window:
+            mask = bucket.mask[:, :written]
+            torch._dynamo.mark_dynamic(mask, 1)
+            return mask
+        return bucket.mask[:, :min(capacity, -(-written // CAPACITY_STEP) * CAPACITY_STEP)]

@@ -5,8 +5,9 @@ building, module dispatch or output objects. On a 2-core CPU at batch 64 the fus
 (22M) of the model's forward (benchmarks/README.md, "Generation against its floor").
 
 A step takes (feed [rows], mask [rows, K], positions [rows], cache, column) and returns float logits [rows, V]:
-``cache`` is a transformers cache whose layers' ``update(keys, values)`` write the step's column and return every
-cached column ([rows, kv_heads, K, head_dim]), ``mask`` marks the cached columns to attend to (0 for left padding),
+``cache`` is a transformers cache whose layers' ``update(keys, values)`` write the step's column and return the
+cached columns ([rows, kv_heads, >= K, head_dim]), ``mask`` marks which of the first K to attend to (0 for left
+padding and columns not written; the model's forward takes K = the cache's length or capacity, the fused step fewer),
 ``positions`` are the fed tokens' rotary positions, ``column`` (LongTensor [1], or None for the cache's length) the
 column written, which a static cache's forward needs. Both steps read the model's parameters where they are: weight
 loads and optimizer steps in place are seen by the next call. The fused step also keeps the concatenated projections
@@ -143,6 +144,7 @@ class FusedStep:
             q = self._rotate(y[:, :q_width].view(rows, self.heads, d), cos, sin)
             k = self._rotate(y[:, q_width:q_width + kv_width].view(rows, kv, d), cos, sin)
             keys, values = cache.layers[i].update(k[:, :, None], y[:, q_width + kv_width:].view(rows, kv, 1, d))
+            keys, values = keys[:, :, :mask.size(1)], values[:, :, :mask.size(1)]  # a static cache's first K
             scores = torch.matmul(q.view(rows, kv, group, d), keys.transpose(-1, -2)) * self.scale + bias
             attended = torch.matmul(torch.softmax(scores.float(), dim=-1).to(q.dtype), values)  # [rows, kv, group, d]
             x = x + a.o_proj(attended.reshape(rows, q_width))
