@@ -32,9 +32,11 @@ def _model_loop(backend: TransformersBackend, n: int = 4):
         backend.step = step
 
 
-def _captured(backend: TransformersBackend, compile_backend: str, n: int = 4):
-    """The captured path's rollout around the backend's step."""
+def _captured(backend: TransformersBackend, compile_backend: str, n: int = 4, exact_window: bool = True):
+    """The captured path's rollout around the backend's step; ``exact_window=False`` attends as on CUDA (the written
+    columns rounded up to a multiple of 64)."""
     backend.captured = CapturedDecoder(backend.step, backend=compile_backend)
+    backend.captured._exact_window = exact_window
     try:
         return backend.generate(PROMPTS, n)
     finally:
@@ -62,6 +64,12 @@ def test_captured_step_matches_the_models_forward(arch, setting):
     backend = TransformersBackend(str(build_tiny_model(arch=arch)), SETTINGS[setting])
     assert isinstance(backend.step, FusedStep if arch == "qwen2" else ModelStep)
     _assert_same(_model_loop(backend), _captured(backend, "eager"))
+
+
+@pytest.mark.parametrize("setting", ["sampled", "greedy_stops"])
+def test_captured_fused_step_attending_as_on_cuda_matches_the_models_forward(setting):
+    backend = TransformersBackend(str(build_tiny_model()), SETTINGS[setting])
+    _assert_same(_model_loop(backend), _captured(backend, "eager", exact_window=False))
 
 
 def test_fused_logits_equal_the_forwards_on_a_left_padded_batch():
