@@ -103,6 +103,8 @@ def figures(benchmark):
     ``benchmark.extra_info`` and printed at the end of the session like `work`'s counts, without rates."""
     values: Dict[str, Any] = {}
     yield values
+    if not values:  # skipped, or failed before its figures
+        return
     benchmark.extra_info.update(values)
     _WORK.append((benchmark.group or "", benchmark.name, dict(benchmark.extra_info)))
 
