@@ -93,7 +93,7 @@ class FusedStep:
         weight = self.embed.weight
         with torch.no_grad():  # [positions, head_dim] each, attention scaling included
             cos, sin = decoder.rotary_emb(weight[:1].float(), torch.arange(positions, device=weight.device)[None])
-        self.cos, self.sin = cos[0].to(weight.dtype), sin[0].to(weight.dtype)
+        self.cos, self.sin = _static(cos[0].to(weight.dtype)), _static(sin[0].to(weight.dtype))
         self._qkv: List[torch.Tensor] = []  # [(heads + 2 kv_heads) d, H] per layer
         self._qkv_bias: List[Optional[torch.Tensor]] = []
         self._gate_up: List[torch.Tensor] = []  # [2 I, H] per layer
@@ -115,7 +115,7 @@ class FusedStep:
     @staticmethod
     def _set(buffers: List[torch.Tensor], i: int, parts: List[torch.Tensor]) -> None:
         if len(buffers) <= i:
-            buffers.append(torch.cat([p.detach() for p in parts]))
+            buffers.append(_static(torch.cat([p.detach() for p in parts])))
         else:
             torch.cat([p.detach() for p in parts], out=buffers[i])
 
@@ -151,6 +151,13 @@ class FusedStep:
             gate, up = F.linear(self._rms(x, layer.post_attention_layernorm), self._gate_up[i]).chunk(2, dim=-1)
             x = x + layer.mlp.down_proj(F.silu(gate) * up)
         return self.head(self._rms(x, self.norm)).float()
+
+
+def _static(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, marked as kept at its address: a CUDA graph of the compiled step reads it in place (unmarked, every
+    replay would copy it in)."""
+    torch._dynamo.mark_static_address(tensor)
+    return tensor
 
 
 def decode_step(model: torch.nn.Module, fused: bool):
