@@ -135,6 +135,7 @@ def test_decode_keys_are_checked_transformers_keys():
 
 
 @pytest.mark.slow
-def test_inductor_step_matches_the_models_forward():
-    backend = TransformersBackend(str(build_tiny_model()), SETTINGS["sampled"])
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_inductor_step_matches_the_models_forward(arch):
+    backend = TransformersBackend(str(build_tiny_model(arch=arch)), SETTINGS["sampled"])
     _assert_same(_model_loop(backend), _captured(backend, "inductor"))
