@@ -24,9 +24,9 @@ Each generator's test measures the floor again in the same process and records `
 the floor: a same-run ratio, which a busy host distorts less than the times themselves. ``load_average`` (1 minute)
 is recorded beside every figure.
 
-`test_step_phases` times the phases of one colocated GRPO step on the same module: prefill, decode, sampling,
-scoring (toy reward on the decoded text), log-probs (the training forward), backward, optimizer (AdamW) and
-hand-off (the rollout pickled and read back, what the object store does between roles). Floors: prefill, log-probs
+`test_step_phases` times the phases of one colocated GRPO step on the same module, decoding with the fused loop and
+with the compiled step: prefill, decode, sampling, scoring (toy reward on the decoded text), log-probs (the training
+forward), backward, optimizer (AdamW) and hand-off (the rollout pickled and read back, what the object store does between roles). Floors: prefill, log-probs
 and backward are matmul-bound (`flops.py`'s FLOPs at the ``torch.mm`` peak measured in the same run); decode is the
 measured one-step floor times the steps; sampling, scoring, optimizer and hand-off have no matmul floor (memory- or
 Python-bound) and are reported as times only.
@@ -206,8 +206,11 @@ def _phase(name: str, fn: Callable[[], object], out: Dict[str, List[float]]) -> 
     return value
 
 
-def test_step_phases(benchmark, figures, work_setting):
-    """One colocated GRPO step on the module, phase by phase, with each phase's floor."""
+@pytest.mark.parametrize("decode", ["fused", "compiled"])
+def test_step_phases(benchmark, figures, work_setting, decode):
+    """One colocated GRPO step on the module, phase by phase, with each phase's floor; ``decode``: the backend's
+    default loop over the fused step, or the compiled step (``compiled_decode``, its compilation in the warm-up round
+    and recorded as ``compile_s``)."""
     from transformers import AutoTokenizer
 
     from coati_relay.inference import TransformersBackend
@@ -220,10 +223,12 @@ def test_step_phases(benchmark, figures, work_setting):
     w = work_setting
     if w.name != "3.5M":
         pytest.skip("the phases are of the vs-TRL model's step (3.5M)")
+    if decode == "compiled" and w.smoke:
+        pytest.skip("the compiled step's compilation (seconds) does not fit the smoke run")
     peak = matmul_peak_flops()
     shapes = model_shapes(w.path)
     tokenizer = AutoTokenizer.from_pretrained(w.path)
-    backend = TransformersBackend.around(w.model, w.path, w.sampling)
+    backend = TransformersBackend.around(w.model, w.path, w.sampling, compiled_decode=decode == "compiled")
     optimizer = torch.optim.AdamW(w.model.parameters(), lr=1e-5, weight_decay=0.01)
     ids, mask, rows = _batch(w)
     vocab = w.model.config.vocab_size
@@ -263,5 +268,7 @@ def test_step_phases(benchmark, figures, work_setting):
             figures[f"{phase}_floor_s"] = floors[phase]
             figures[f"{phase}_x_floor"] = median[phase] / floors[phase]
     figures.update(matmul_peak_gflop_per_s=peak / 1e9, floor_step_s=floor_step, load_average=os.getloadavg()[0],
-                   model=os.path.basename(w.path), rows=rows.numel(), new_tokens=new)
+                   model=os.path.basename(w.path), rows=rows.numel(), new_tokens=new, decode=decode)
+    if backend.captured is not None:
+        figures["compile_s"] = sum(backend.captured.compile_s.values())
     assert all(v > 0 for k, v in figures.items() if k.endswith("_s")), figures
