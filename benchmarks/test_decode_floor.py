@@ -26,10 +26,10 @@ is recorded beside every figure.
 
 `test_step_phases` times the phases of one colocated GRPO step on the same module, decoding with the fused loop and
 with the compiled step: prefill, decode, sampling, scoring (toy reward on the decoded text), log-probs (the training
-forward), backward, optimizer (AdamW) and hand-off (the rollout pickled and read back, what the object store does between roles). Floors: prefill, log-probs
-and backward are matmul-bound (`flops.py`'s FLOPs at the ``torch.mm`` peak measured in the same run); decode is the
-measured one-step floor times the steps; sampling, scoring, optimizer and hand-off have no matmul floor (memory- or
-Python-bound) and are reported as times only.
+forward), backward, optimizer (AdamW) and hand-off (the rollout pickled and read back, what the object store does
+between roles). Floors: prefill, log-probs and backward are matmul-bound (`flops.py`'s FLOPs at the ``torch.mm``
+peak measured in the same run); decode is the measured one-step floor times the steps; sampling, scoring, optimizer
+and hand-off have no matmul floor (memory- or Python-bound) and are reported as times only.
 """
 from __future__ import annotations
 
