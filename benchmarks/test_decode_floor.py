@@ -14,7 +14,7 @@ tokens.
 - ``backend-model-forward``: the same with ``fused_decode=False``: the loop over the model's own forward.
 - ``backend-compiled``: the same with ``compiled_decode`` (`coati_relay.inference.captured_decode`), per new token;
   ``compile_s``: its first call's first step (the compilation, paid once per process and shape bucket, in the
-  warm-up round and not in the timed ones).
+  warm-up round and not in the timed ones), and ``compile_trace`` ... ``compile_guards``: its seconds by phase.
 - ``vllm``: `VLLMBackend` on the same checkpoint, per new token.
 The generators' per-token times are a whole call (prefill included) over the new tokens. vLLM and the compiled
 backend are skipped in the smoke run, whose few seconds their start-up or compilation does not fit, and vLLM where
@@ -194,9 +194,20 @@ def test_decode_per_token(benchmark, figures, work_setting, side):
         elapsed = stats.stats.median if stats is not None else _median_s(lambda: run(w), 1)
         _record(figures, elapsed / per_call_tokens, one_step_floor(w))
     if side == "backend-compiled":
-        figures["compile_s"] = sum(backend.captured.compile_s.values())
+        figures.update(compile_figures(backend.captured))
     if side == "vllm":
         backend.close()
+
+
+def compile_figures(captured) -> Dict[str, float]:
+    """``compile_s``: the captured path's compilations (its first steps), and ``compile_PHASE``: their seconds in each
+    of `captured_decode.COMPILE_PHASES` (codegen and build are about 0 where inductor's on-disk cache held the code)."""
+    from coati_relay.inference.captured_decode import COMPILE_PHASES
+
+    out = {"compile_s": sum(captured.compile_s.values())}
+    for phase in COMPILE_PHASES:
+        out[f"compile_{phase}"] = sum(p[phase] for p in captured.compile_phases.values())
+    return out
 
 
 def _phase(name: str, fn: Callable[[], object], out: Dict[str, List[float]]) -> object:
@@ -270,5 +281,5 @@ def test_step_phases(benchmark, figures, work_setting, decode):
     figures.update(matmul_peak_gflop_per_s=peak / 1e9, floor_step_s=floor_step, load_average=os.getloadavg()[0],
                    model=os.path.basename(w.path), rows=rows.numel(), new_tokens=new, decode=decode)
     if backend.captured is not None:
-        figures["compile_s"] = sum(backend.captured.compile_s.values())
+        figures.update(compile_figures(backend.captured))
     assert all(v > 0 for k, v in figures.items() if k.endswith("_s")), figures

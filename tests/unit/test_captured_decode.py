@@ -139,3 +139,20 @@ def test_decode_keys_are_checked_transformers_keys():
 def test_inductor_step_matches_the_models_forward(arch):
     backend = TransformersBackend(str(build_tiny_model(arch=arch)), SETTINGS["sampled"])
     _assert_same(_model_loop(backend), _captured(backend, "inductor"))
+
+
+@pytest.mark.slow
+def test_a_bucket_compiles_once_and_its_phases_are_timed():
+    """The fused step compiled with inductor: one compilation for a bucket, whatever the widths attended to and the
+    prompts' width within the bucket, and each of its phases timed."""
+    from coati_relay.inference.captured_decode import COMPILE_PHASES, compile_totals
+
+    backend = TransformersBackend(str(build_tiny_model()), SETTINGS["plain"])
+    backend.captured = CapturedDecoder(backend.step)
+    backend.generate(PROMPTS, 4)
+    (phases,) = backend.captured.compile_phases.values()
+    assert set(phases) == set(COMPILE_PHASES) and phases["trace"] > 0  # codegen and build: 0 from inductor's cache
+    assert sum(phases.values()) <= next(iter(backend.captured.compile_s.values()))
+    compiled = compile_totals()
+    backend.generate([[3, 4], [8, 9, 10, 11, 12], [6]], 4)  # another width, the same bucket (12 rows, capacity 64)
+    assert compile_totals() == compiled and len(backend.captured.compile_s) == 1

@@ -27,6 +27,18 @@ from coati_relay.inference.decode_loop import Decoded, StopStrings
 from coati_relay.inference.fused_step import FusedStep, ModelStep
 
 CAPACITY_STEP = 64  # cache capacities are rounded up to a multiple of this, so prompt widths share a bucket
+# The phases of a compilation, each as the torch.compile timer that measures it (torch._dynamo.utils.compile_times):
+# tracing the step's bytecode into a graph, lowering the graph to inductor's IR, generating the kernels' code,
+# building and loading it (the C++ compiler on the CPU), and the guards that choose the compiled code at each call.
+COMPILE_PHASES = {"trace": "bytecode_tracing", "lowering": "GraphLowering.run", "codegen": "GraphLowering.codegen",
+                  "build": "PyCodeCache.load_by_key_path", "guards": "build_guards"}
+
+
+def compile_totals() -> Dict[str, float]:
+    """Seconds this process has spent in each of `COMPILE_PHASES` so far (0 for a timer torch did not record)."""
+    names, values = torch._dynamo.utils.compile_times(repr="csv", aggregate=True)
+    totals = dict(zip(names, (float(v) for v in values)))
+    return {phase: totals.get(timer, 0.0) for phase, timer in COMPILE_PHASES.items()}
 
 
 class _Bucket:
@@ -78,6 +90,7 @@ class CapturedDecoder:
                                                 fullgraph=False, **options)
         self._buckets: Dict[Tuple[int, int], _Bucket] = {}
         self.compile_s: Dict[Tuple[int, int], float] = {}  # per (rows, capacity): the first step's seconds
+        self.compile_phases: Dict[Tuple[int, int], Dict[str, float]] = {}  # per bucket: `COMPILE_PHASES`' seconds
 
     def _step(self, bucket: _Bucket, mask: torch.Tensor, feed: torch.Tensor, positions: torch.Tensor,
               column: torch.Tensor, sampling: Tuple[bool, float, int, float]) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -132,11 +145,15 @@ class CapturedDecoder:
                 bucket.noise.exponential_()
             column = torch.tensor([width - 1 + t], device=device)
             bucket.mask[:, width - 1 + t] = 1
+            first = key not in self.compile_s
+            before = compile_totals() if first else None
             started = time.perf_counter()
             feed, drawn = self._step_fn(bucket, self._attended(bucket, width + t, capacity), feed.clone(),
                                         positions.clone(), column, static)
-            if key not in self.compile_s:
+            if first:
                 self.compile_s[key] = time.perf_counter() - started
+                after = compile_totals()
+                self.compile_phases[key] = {phase: after[phase] - before[phase] for phase in COMPILE_PHASES}
             tokens[:, t] = feed
             logprobs[:, t] = drawn
             taken = t + 1
