@@ -72,6 +72,38 @@ def test_captured_fused_step_attending_as_on_cuda_matches_the_models_forward(set
     _assert_same(_model_loop(backend), _captured(backend, "eager", exact_window=False))
 
 
+def test_fused_step_on_a_llama_with_biases_tied_embeddings_and_scaled_rope(tmp_path):
+    """Attention biases on every projection, the head tied to the embedding, llama3 rope scaling, two key/value
+    heads for four query heads."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from coati_relay.toy import build_tokenizer, save_model_dir
+
+    tokenizer = build_tokenizer()
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, attention_bias=True, tie_word_embeddings=True,
+                         max_position_embeddings=256,
+                         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+    torch.manual_seed(0)
+    path = save_model_dir(AutoModelForCausalLM.from_config(config), tokenizer, tmp_path / "llama")
+    backend = TransformersBackend(str(path), SETTINGS["sampled"])
+    assert isinstance(backend.step, FusedStep)
+    _assert_same(_model_loop(backend), backend.generate(PROMPTS, 4))
+
+
+def test_in_bfloat16_the_fused_step_parts_from_the_forward_by_rounding_only():
+    """bfloat16 rounds each step's operations differently: the first tokens' log-probs stay as close to float32's
+    as the model's own bfloat16 forward is."""
+    one = SamplingConfig(max_new_tokens=1, temperature=1.0, seed=1, ignore_eos=True)
+    path = str(build_tiny_model(hidden_size=256, num_layers=6))
+    exact = TransformersBackend(path, one).generate(PROMPTS, 8).logprobs
+    backend = TransformersBackend(path, one, dtype=torch.bfloat16)
+    reference, fused = _model_loop(backend, 8).logprobs, backend.generate(PROMPTS, 8).logprobs
+    assert (fused - reference).abs().max() < 1e-2
+    assert (fused - exact).abs().max() <= (reference - exact).abs().max() + 1e-3
+
+
 def test_fused_logits_equal_the_forwards_on_a_left_padded_batch():
     """One step after a prefill, rows of different prompt lengths: the fused logits [rows, V] are the model's."""
     backend = TransformersBackend(str(build_tiny_model(hidden_size=128, num_layers=2)), SETTINGS["plain"])

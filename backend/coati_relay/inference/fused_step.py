@@ -67,7 +67,7 @@ def fused_step_refusal(model: torch.nn.Module) -> Optional[str]:
 
 class FusedStep:
     """The one-token forward of a Llama-family causal LM (`fused_step_refusal` says which), equal to its own to float
-    rounding (about 1e-6 on float32 logits).
+    rounding (about 1e-6 on float32 logits; in bfloat16 about as far from float32 as the model's own forward).
 
     Per step and layer: RMS norm, one ``[rows, H] x [H, (heads + 2 kv_heads) d]`` projection, rotary embedding from a
     table of every position, the cache update, attention over the cached columns (grouped queries without repeating
