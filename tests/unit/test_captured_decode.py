@@ -133,6 +133,10 @@ def test_the_fused_step_refuses_what_it_does_not_compute():
     assert "plain torch.nn.Linear" in fused_step_refusal(qwen)
     qwen.config.sliding_window, qwen.config.use_sliding_window = 8, True
     assert "sliding window" in fused_step_refusal(qwen)
+    qwen.config.use_sliding_window = False
+    wrapper = torch.nn.Module()  # a model of the family's config in another layout
+    wrapper.config, wrapper.model = qwen.config, torch.nn.Module()
+    assert "not laid out as transformers' own class" in fused_step_refusal(wrapper)
 
 
 def test_fused_step_reads_weights_loaded_between_calls():

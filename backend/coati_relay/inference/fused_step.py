@@ -55,9 +55,12 @@ def fused_step_refusal(model: torch.nn.Module) -> Optional[str]:
         return "some layers do not attend to every position"
     if getattr(config, "pretraining_tp", 1) != 1:
         return "pretraining_tp is not 1"
-    if getattr(getattr(model.model, "rotary_emb", None), "rope_type", None) in (None, "dynamic", "longrope"):
+    decoder = getattr(model, "model", None)
+    if not all(hasattr(decoder, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")):
+        return "it is not laid out as transformers' own class of its model_type (model.model.layers, ...)"
+    if getattr(decoder.rotary_emb, "rope_type", None) in (None, "dynamic", "longrope"):
         return "its rotary embedding depends on the sequence's length"
-    for layer in model.model.layers:
+    for layer in decoder.layers:
         a, m = layer.self_attn, layer.mlp
         if any(type(p) is not torch.nn.Linear for p in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj,
                                                          m.up_proj, m.down_proj)):
