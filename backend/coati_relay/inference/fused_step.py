@@ -1,8 +1,9 @@
 """The decode loop's one-token step: the model's own forward (`ModelStep`), or the same arithmetic written out for the
 Llama family (`FusedStep`: Llama, Qwen2, Mistral without a sliding window), which does per layer one matmul for the
 query, key and value projections and one for the MLP's gate and up projections, and none of the forward's mask
-building, module dispatch or output objects. On a 2-core CPU at batch 64 the fused step takes 0.66x (3.5M) and 0.80x
-(22M) of the model's forward (benchmarks/README.md, "Generation against its floor").
+building, module dispatch or output objects. On a 2-core CPU at batch 64 the decode loop over the fused step takes
+0.80-0.82x (3.5M) and 0.86-0.88x (22M) of the time per token of the loop over the model's forward
+(benchmarks/README.md, "Generation against its floor").
 
 A step takes (feed [rows], mask [rows, K], positions [rows], cache, column) and returns float logits [rows, V]:
 ``cache`` is a transformers cache whose layers' ``update(keys, values)`` write the step's column and return the

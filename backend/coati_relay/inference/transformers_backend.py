@@ -50,8 +50,8 @@ class TransformersBackend:
     device: where the model runs (None: the accelerator where the host has one, else the CPU).
     The checkpoint's ``generation_config.json`` is not used: sampling follows ``sampling`` alone.
     fused_decode: decode Llama-family models (Llama, Qwen2, Mistral) through
-    `coati_relay.inference.fused_step.FusedStep` (0.66-0.80x the model's forward per token on the CPU); other
-    models, and False, use the model's own forward.
+    `coati_relay.inference.fused_step.FusedStep` (0.80-0.88x the time per token of the model's forward on the CPU);
+    other models, and False, use the model's own forward.
     compiled_decode: decode through `coati_relay.inference.captured_decode` (the step compiled once per shape bucket
     over a static cache) instead of the loop; off by default: on the CPU its compilation does not pay within a short
     run (benchmarks/README.md).
