@@ -183,6 +183,7 @@ def test_a_bucket_compiles_once_and_its_phases_are_timed():
     prompts' width within the bucket, and each of its phases timed."""
     from coati_relay.inference.captured_decode import COMPILE_PHASES, compile_totals
 
+    torch._dynamo.reset()  # a step compiled earlier in this process would be reused and traced no more
     backend = TransformersBackend(str(build_tiny_model()), SETTINGS["plain"])
     backend.captured = CapturedDecoder(backend.step)
     backend.generate(PROMPTS, 4)
