@@ -55,7 +55,7 @@ class _Bucket:
         empty = torch.zeros(rows, heads, 0, head_dim, dtype=model.dtype, device=device)
         for layer in self.cache.layers:
             layer.lazy_initialization(empty, empty)
-        self.mask = torch.ones(rows, capacity, dtype=torch.long, device=device)
+        self.mask = torch.zeros(rows, capacity, dtype=torch.long, device=device)
         self.noise = torch.empty(rows, model.get_input_embeddings().num_embeddings, device=device)
         for buffer in (self.mask, self.noise):  # fixed addresses: CUDA graphs read them without a copy
             torch._dynamo.mark_static_address(buffer)

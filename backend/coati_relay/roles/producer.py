@@ -97,12 +97,12 @@ class ProducerWorker:
         cfg = self.cfg
         self._load_prompts()
         if cfg.roles.inference_backend == "transformers":
-            from coati_relay.config.inference import DECODE_KEYS
             from coati_relay.inference.transformers_backend import TransformersBackend
 
-            decode = {k: v for k, v in cfg.models.inference_model_kwargs.items() if k in DECODE_KEYS}
+            # the config leaves only the decode keys here (`coati_relay.config.colocate`)
             self.backend = TransformersBackend.around(policy, cfg.models.model_path, cfg.sampling,
-                                                      tokenizer=self.tokenizer, seed=cfg.seed + self.index, **decode)
+                                                      tokenizer=self.tokenizer, seed=cfg.seed + self.index,
+                                                      **cfg.models.inference_model_kwargs)
         else:
             self.backend = self._build_backend()
         self.backend.weight_version = self.start_version
