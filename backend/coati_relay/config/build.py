@@ -165,7 +165,7 @@ def _placement(errors: List[str], strategy: Any, timeout_s: Any, role_resources:
 
 def _roles(errors: List[str], num_producers: Any, num_proc_per_producer: Any, num_consumer_procs: Any,
            inference_backend: Any, weight_sync: Any, on_producer_failure: Any, n_behind: Any, timeout_s: Any,
-           placement: Dict[str, Any]) -> Roles:
+           collective_timeout_s: Any, placement: Dict[str, Any]) -> Roles:
     np_ = _positive_int(errors, "num_producers", num_producers)
     ppp = _positive_int(errors, "num_proc_per_producer", num_proc_per_producer)
     nc = _positive_int(errors, "num_consumer_procs", num_consumer_procs)
@@ -175,6 +175,10 @@ def _roles(errors: List[str], num_producers: Any, num_proc_per_producer: Any, nu
     if not is_number(timeout_s) or timeout_s <= 0:
         errors.append(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
         timeout_s = 300.0
+    if not is_number(collective_timeout_s) or collective_timeout_s <= 0:
+        errors.append(f"collective_timeout_s must be a number of seconds > 0 (default 60), got "
+                      f"{collective_timeout_s!r}")
+        collective_timeout_s = 60.0
     if on_producer_failure not in ("fail", "continue"):
         errors.append(f"on_producer_failure must be 'fail' or 'continue', got {on_producer_failure!r}")
     if weight_sync not in ("object_store", "collective"):
@@ -195,7 +199,7 @@ def _roles(errors: List[str], num_producers: Any, num_proc_per_producer: Any, nu
                           f"inference_backend='vllm' does (tensor_parallel_size); use 1 with {inference_backend!r}")
     return Roles(num_producers=np_, num_proc_per_producer=ppp, num_consumers=nc, inference_backend=inference_backend,
                  weight_sync=weight_sync, on_producer_failure=on_producer_failure, n_behind=n_behind,
-                 timeout_s=float(timeout_s), **placement)
+                 timeout_s=float(timeout_s), collective_timeout_s=float(collective_timeout_s), **placement)
 
 
 def _batches(errors: List[str], roles: Roles, num_episodes: Any, inference_batch_size: Any,
@@ -311,8 +315,8 @@ def build_run_config(
     master_addr: str = "localhost", master_port: int = 29500, enable_profiling: bool = False,
     critic_model_config: Optional[Dict[str, Any]] = None, reward_model_config: Optional[Dict[str, Any]] = None,
     run_dir: Optional[str] = None, resume_from: Optional[str] = None, on_producer_failure: str = "fail",
-    timeout_s: float = 300.0, seed: int = 42, progress: bool = True, weight_sync: str = "object_store",
-    placement_strategy: str = "PACK", placement_timeout_s: float = 30.0,
+    timeout_s: float = 300.0, collective_timeout_s: float = 60.0, seed: int = 42, progress: bool = True,
+    weight_sync: str = "object_store", placement_strategy: str = "PACK", placement_timeout_s: float = 30.0,
     role_resources: Optional[Dict[str, Dict[str, float]]] = None, colocate: bool = False,
     report_to: Optional[List[str]] = None, callbacks: Optional[List[Any]] = None,
     eval_dataset_config: Optional[Dict[str, Any]] = None, eval_interval: int = 100, eval_save_dir: Optional[str] = None,
@@ -351,7 +355,7 @@ def build_run_config(
         errors.append(f"enable_profiling must be True or False, got {enable_profiling!r}")
 
     roles = _roles(errors, num_producers, num_proc_per_producer, num_consumer_procs, inference_backend, weight_sync,
-                   on_producer_failure, n_behind, timeout_s,
+                   on_producer_failure, n_behind, timeout_s, collective_timeout_s,
                    _placement(errors, placement_strategy, placement_timeout_s, role_resources))
     plugin, max_norm, data_parallel = _plugin(errors, plc, roles.num_consumers, differences)
     roles = replace(roles, num_consumers=data_parallel)

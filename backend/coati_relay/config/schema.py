@@ -144,6 +144,11 @@ class Roles:
                                           "weights up to k versions old", "n_behind")
     timeout_s: float = meaning(EXT, "seconds any blocking wait may take before the run fails, naming what it waited "
                                     "for", "timeout_s")
+    collective_timeout_s: float = meaning(
+        EXT, "seconds a collective of the consumers' data-parallel group (log-probs, backward, optimizer step, weight "
+             "publish) may wait before the run fails naming the rank, the round, the step and the phase; the ranks "
+             "meet before each round's training within timeout_s, so inside a round only a fault waits this long",
+        "collective_timeout_s", default=60.0)
     placement_strategy: str = meaning(EXT, "the Ray placement group's strategy (coati_relay.cluster.placement): "
                                            "PACK, SPREAD, STRICT_PACK or STRICT_SPREAD", "placement_strategy",
                                       default="PACK")

@@ -55,16 +55,23 @@ def prefill_shared(model: torch.nn.Module, prompts: torch.Tensor, prompt_mask: t
 
 
 def shared_prompt_logits(model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor,
-                         num_response_tokens: int) -> Optional[torch.Tensor]:
+                         num_response_tokens: int, always: bool = False) -> Optional[torch.Tensor]:
     """The logits [N, R + 1, V] at the last prompt position and each response position, with one forward per run
     of equal adjacent prompts; None when no two adjacent rows share a prompt or the prompt has one column.
 
     sequences, attention_mask: [N, S], left-padded prompts then right-padded responses (``Rollout.sequences``).
     Position ids count real tokens, as in `coati_relay.roles.logprobs.response_logprobs`.
+    always: two forwards (the prompts', then the rest) even where no two rows share a prompt (each row is then its
+    own run), so that the number of forwards does not depend on the data: data-parallel ranks under DDP broadcast
+    buffers in each forward, and must run as many. The prompt must have two columns or more.
     """
     width = sequences.size(1) - num_response_tokens
     prompts, prompt_mask = sequences[:, :width], attention_mask[:, :width]
+    if always and width < 2:
+        raise ValueError(f"shared_prompt_logits(always=True) needs prompts of 2 columns or more, got {width}")
     runs = prompt_runs(prompts, prompt_mask) if width >= 2 else None
+    if runs is None and always:
+        runs = torch.arange(sequences.size(0), device=sequences.device)
     if runs is None:
         return None
     firsts = torch.cat([torch.zeros(1, dtype=torch.long, device=runs.device),

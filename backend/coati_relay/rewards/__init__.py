@@ -13,7 +13,6 @@ from coati_relay.rewards.math_rewards import (
                                               extract_boxed,
                                               grade_boxed,
                                               grade_think_answer,
-                                              normalize_answer,
                                               score_answer,
                                               soft_overlength_penalty,
                                               tags_valid,
@@ -25,7 +24,7 @@ from coati_relay.rewards.toy_rewards import letter_fraction, toy_letter_reward
 
 __all__ = [
     "MathGrade", "RewardFn", "RewardModelScorer", "boxed_reward", "extract_answer_tag", "extract_boxed",
-    "get_reward_fn", "grade_boxed", "grade_think_answer", "letter_fraction", "normalize_answer", "register_reward",
+    "get_reward_fn", "grade_boxed", "grade_think_answer", "letter_fraction", "register_reward",
     "reward_names", "score_answer", "soft_overlength_penalty", "tags_valid", "think_answer_reward",
     "toy_letter_reward",
 ]

@@ -10,40 +10,23 @@ its reward is > 0, which for the rule rewards is the same test (they pay only fo
 """
 from __future__ import annotations
 
-import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
-from coati_relay.rewards.math_rewards import extract_answer_tag, extract_boxed, score_answer
-from coati_relay.rewards.verifiable import (
-    ACC_SCORE,
-    RULE_REWARDS,
-    extract_program,
-    post_to_verifier,
-    structure_valid,
-)
+from coati_relay.rewards.verifiable import ACC_SCORE, RULE_REWARDS, grade_code, grade_math
 
 
 def _math(kind: str, text: str, gold: Any, tags) -> Dict[str, Any]:
-    if kind == "think_answer_tags":
-        parsed, format_ok = extract_answer_tag(text), structure_valid(text, tags)
-    else:
-        parsed = extract_boxed(text)
-        format_ok = parsed is not None and all(text.count(t["text"]) == t["num_occur"] for t in (tags or {}).values())
-    score = score_answer(parsed, gold) if parsed is not None else 0.0
+    parsed, format_ok, score = grade_math(kind, text, gold, tags)
     return {"gold": gold, "parsed": parsed, "format_valid": float(format_ok), "ans_valid": float(score > 0),
             "reward": float(score)}
 
 
 def _code(text: str, test_cases: Any, url: Optional[str]) -> Dict[str, Any]:
-    program = extract_program(text)
-    cases = test_cases if isinstance(test_cases, dict) or test_cases is None else json.loads(test_cases)
-    results = post_to_verifier(url, cases, program) if cases is not None else []
-    passed = bool(results) and all(x == 1 or x is True for x in results)
-    return {"test_cases": cases, "test_results": results, "test_metadata": None, "parsed": program,
-            "format_valid": float("```python" in text), "ans_valid": float(passed),
-            "reward": ACC_SCORE if passed else 0.0}
+    g = grade_code(text, test_cases, url)
+    return {"test_cases": g.test_cases, "test_results": g.results, "test_metadata": g.metadata, "parsed": g.program,
+            "format_valid": float(g.format_ok), "ans_valid": float(g.passed), "reward": ACC_SCORE if g.passed else 0.0}
 
 
 def grade_for_eval(reward: Any, responses: Sequence[str], targets: Sequence[Any], prompts: Sequence[str],

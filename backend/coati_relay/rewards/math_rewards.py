@@ -1,14 +1,16 @@
 """Rule-based math rewards: the last ``\\boxed{...}`` answer, or ``<think>..</think><answer>..</answer>`` tags.
 
-Scores follow ColossalChat's verifiable reward: 10 for a correct answer in a valid format, 0 otherwise (a valid
-format alone earns ``FORMAT_SCORE`` = 0). Answers are compared with ``math_verify`` when it is importable (both
-sides wrapped in ``\\boxed{}``; an unparseable prediction that matches exactly earns 5), else by normalised exact
-match (`normalize_answer`). `soft_overlength_penalty` applies the length rule on token counts, which the
-text-level reward functions cannot see.
+Answers are judged as ColossalChat judges them (4f9953be3, ``coati/distributed/reward/reward_fn.py``):
+``math_verify`` under its extraction settings (`verify_status`), then a plain-text match (`score_answer`).
+A correct answer in a valid format earns 10 (5 when only the text matches and math_verify cannot parse the
+prediction); anything else 0. The table of `tests/data/colossalchat/rewards.json` pins this down.
+`soft_overlength_penalty` applies the length rule on token counts, which the text-level reward functions cannot see.
 """
 from __future__ import annotations
 
+import functools
 import re
+import threading
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -16,22 +18,17 @@ import torch
 
 from coati_relay.rewards.registry import register_reward
 
-try:
-    import math_verify as _math_verify
-except ImportError:
-    _math_verify = None
-
 CORRECT_SCORE = 10.0
 UNPARSED_MATCH_SCORE = 5.0
 FORMAT_SCORE = 0.0
 THINK_ANSWER_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+MATH_VERIFY_PIN = "math-verify==0.9.0"
 
-_BOXED = re.compile(r"\\boxed\s*\{")
+# verify_status results
+VERIFIED, NOT_EQUAL, GOLD_UNPARSED, PREDICTION_UNPARSED = 1, 0, -1, -2
+
+_BOXED_OPEN = "\\boxed{"
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_TEXT_MACRO = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
-_DROPPED = ("\\left", "\\right", "\\displaystyle", "\\!", "\\,", "\\;", "\\:", "\\(", "\\)", "\\[", "\\]", "$")
-_THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d*)?")
-_NUMBER = re.compile(r"([+-]?)(\d*)(?:\.(\d*))?")
 
 
 @dataclass(frozen=True)
@@ -44,16 +41,19 @@ class MathGrade:
 
 
 def extract_boxed(text: str) -> Optional[str]:
-    """Content of the last ``\\boxed{...}`` (nested braces allowed), stripped; None if absent or unclosed."""
-    starts = list(_BOXED.finditer(text))
-    if not starts:
+    """Content of the last ``\\boxed{`` (spelled exactly so; nested braces allowed), stripped; None when there is
+    none or that last one is never closed."""
+    start = text.rfind(_BOXED_OPEN)
+    if start < 0:
         return None
-    begin = starts[-1].end()
-    depth = 1
+    begin, depth = start + len(_BOXED_OPEN), 1
     for j in range(begin, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[begin:j].strip()
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[begin:j].strip()
     return None
 
 
@@ -64,53 +64,73 @@ def extract_answer_tag(text: str) -> Optional[str]:
 
 
 def tags_valid(text: str, tags: Sequence[str] = THINK_ANSWER_TAGS) -> bool:
-    """Each tag occurs exactly once, the tags appear in the given order, and the text ends with the last tag."""
+    """Each tag occurs exactly once, the tags appear in the given order, and the text ends with the last tag
+    (nothing after it, whitespace included)."""
     if any(text.count(tag) != 1 for tag in tags):
         return False
     positions = [text.index(tag) for tag in tags]
-    return positions == sorted(positions) and text.rstrip().endswith(tags[-1])
+    return positions == sorted(positions) and text.endswith(tags[-1])
 
 
-def normalize_answer(answer) -> str:
-    """Canonical text of an answer for exact matching.
+@functools.lru_cache(maxsize=None)
+def _checker():
+    """math_verify and ColossalChat's extraction settings (expressions, and LaTeX with boxed content first)."""
+    try:
+        import math_verify
+        from latex2sympy2_extended import NormalizationConfig
+    except ImportError as exc:
+        raise ImportError(f"the math rewards check answers with math_verify, as ColossalChat does: pip install "
+                          f"'{MATH_VERIFY_PIN}'") from exc
+    normalization = NormalizationConfig(nits=False, malformed_operators=False, basic_latex=True, boxed="all",
+                                        units=True)
+    config = (math_verify.ExprExtractionConfig(),
+              math_verify.LatexExtractionConfig(normalization_config=normalization, boxed_match_priority=0))
+    return math_verify, config
 
-    Unwraps ``\\boxed{}``, ``\\text{}``-like macros and math delimiters, drops spacing macros, whitespace, a
-    trailing period and thousands separators, lower-cases, maps ``\\dfrac``/``\\tfrac`` to ``\\frac`` and writes
-    plain decimals canonically (``3.50`` -> ``3.5``, ``+007`` -> ``7``). Equivalent forms such as ``1/2`` and
-    ``0.5`` stay different (that needs ``math_verify``).
-    """
-    s = str(answer).strip()
-    boxed = extract_boxed(s)
-    if boxed is not None:
-        s = boxed
-    for token in _DROPPED:
-        s = s.replace(token, "")
-    s = _TEXT_MACRO.sub(r"\1", s)
-    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    s = re.sub(r"\s+", "", s).rstrip(".").lower()
-    if _THOUSANDS.fullmatch(s):
-        s = s.replace(",", "")
-    number = _NUMBER.fullmatch(s)
-    if number and any(c.isdigit() for c in s):
-        sign, whole, frac = number.group(1), number.group(2).lstrip("0") or "0", (number.group(3) or "").rstrip("0")
-        is_zero = whole == "0" and not frac
-        s = ("-" if sign == "-" and not is_zero else "") + whole + ("." + frac if frac else "")
-    return s
+
+def _in_box(text: str) -> str:
+    return text if text.startswith(_BOXED_OPEN) else _BOXED_OPEN + text + "}"
+
+
+def verify_status(prediction: str, gt_answer: str) -> int:
+    """`VERIFIED` or `NOT_EQUAL` by math_verify (each side put in ``\\boxed{}`` unless it starts with one),
+    `GOLD_UNPARSED` / `PREDICTION_UNPARSED` when a side yields nothing; an error inside math_verify: `NOT_EQUAL`.
+
+    math_verify bounds its work with SIGALRM, which only the main thread may set; elsewhere it runs without that
+    bound (the result is the same; ColossalChat's call fails there and scores every answer 0)."""
+    mv, config = _checker()
+    main = threading.current_thread() is threading.main_thread()
+    parse_kw, verify_kw = ({}, {}) if main else ({"parsing_timeout": None}, {"timeout_seconds": None})
+    try:
+        gold = mv.parse(_in_box(gt_answer), extraction_config=config, **parse_kw)
+        if not gold:
+            return GOLD_UNPARSED
+        pred = mv.parse(_in_box(prediction), extraction_config=config, **parse_kw)
+        if not pred:
+            return PREDICTION_UNPARSED
+        return VERIFIED if mv.verify(gold, pred, **verify_kw) else NOT_EQUAL
+    except Exception:
+        return NOT_EQUAL
+
+
+def _squashed(text: str) -> str:
+    return text.strip().replace(" ", "").replace("{", "").replace("}", "").replace(",", "")
 
 
 def score_answer(prediction: Optional[str], gt_answer) -> float:
-    """10 when ``prediction`` equals ``gt_answer`` (see module docstring), 5 for an exact match math_verify cannot
-    parse, else 0. A missing prediction or ground truth scores 0."""
+    """10 when math_verify finds ``prediction`` equal to ``gt_answer``; else, when the two match as text (spaces,
+    braces and commas dropped), 5 if math_verify could not parse the prediction and 10 otherwise; else 0.
+    A missing prediction or ground truth scores 0; a ground truth that is not a str is compared as its str()
+    (ColossalChat raises on it)."""
     if prediction is None or gt_answer is None:
         return 0.0
-    exact = normalize_answer(prediction) == normalize_answer(gt_answer)
-    if _math_verify is None:
-        return CORRECT_SCORE if exact else 0.0
-    parsed = _math_verify.parse(f"\\boxed{{{prediction}}}")
-    if parsed:
-        gold = _math_verify.parse(f"\\boxed{{{gt_answer}}}")
-        return CORRECT_SCORE if _math_verify.verify(gold, parsed) else 0.0
-    return UNPARSED_MATCH_SCORE if exact else 0.0
+    gold = gt_answer if isinstance(gt_answer, str) else str(gt_answer)
+    status = verify_status(prediction, gold)
+    if status == VERIFIED:
+        return CORRECT_SCORE
+    if _squashed(prediction) == _squashed(gold):
+        return UNPARSED_MATCH_SCORE if status == PREDICTION_UNPARSED else CORRECT_SCORE
+    return 0.0
 
 
 def _grade(format_ok: bool, prediction: Optional[str], gt_answer) -> MathGrade:

@@ -11,8 +11,10 @@ c = ``cache_length``:
   cannot parse; `coati_relay.rewards.math_rewards.score_answer`).
 - code: the format is a ```` ```python ```` block; the program (the last block) and the prompt's ``test_cases``
   (``{"inputs": [...], "outputs": [...]}``) are posted to ``code_verifier_api_url`` as ``{"in_outs", "generation",
-  "timeout": 10, "debug": false}``; the service answers ``{"result": [1 per passed case, ...], "metadata": ...}``.
-  Every case passed: ``ans_acc`` 1, and 10 more reward in a valid format.
+  "timeout": 10, "debug": false}``; the service answers ``{"result": [1 per passed case, ...], "metadata": [...]}``.
+  Every case passed (an empty list too) with a metadata record: ``ans_acc`` 1, and 10 more reward in a valid
+  format. Test cases that are not JSON score 0. The engine raises where ColossalChat scores 0 without a word: no
+  test_cases at all, or a verifier that cannot be reached.
 - Length rules, on response tokens (EOS included): with ``soft_over_length_punishment``, a response with an answer
   (math) or passing every case (code) gets ``((L - c) - len) / c * 10`` added when ``L - c < len < L``; a response
   with ``len >= L`` gets reward 0 whatever it said (with or without the soft punishment).
@@ -24,7 +26,7 @@ import logging
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -57,6 +59,20 @@ def _tag_counts_valid(text: str, tags: Optional[Mapping[str, Mapping[str, Any]]]
     return not tags or all(text.count(t["text"]) == t["num_occur"] for t in tags.values())
 
 
+def grade_math(kind: str, text: str, gt_answer: Any,
+               tags: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Tuple[Optional[str], bool, float]:
+    """(answer or None, format valid, answer score: 10, 5 or 0 whatever the format) of a math response."""
+    if gt_answer is None:
+        raise ValueError(f"reward_fn_type={kind!r} needs a gt_answer for every prompt; add a 'gt_answer' field to "
+                         f"each line of the dataset")
+    if kind == "think_answer_tags":
+        answer, format_ok = extract_answer_tag(text), structure_valid(text, tags)
+    else:
+        answer = extract_boxed(text)
+        format_ok = answer is not None and _tag_counts_valid(text, tags)
+    return answer, format_ok, (score_answer(answer, gt_answer) if answer is not None else 0.0)
+
+
 def extract_program(text: str) -> str:
     """The program of a code response: what follows the last ```` ```python ```` up to the next ```` ``` ```` (the
     text before any ```` ``` ```` without such a block; it is still run, but a valid format needs the block)."""
@@ -64,21 +80,56 @@ def extract_program(text: str) -> str:
 
 
 def post_to_verifier(url: str, test_cases: Mapping[str, Any], program: str,
-                     timeout_s: float = CODE_TEST_TIMEOUT_S) -> List[Any]:
-    """The verifier's per-case results for ``program`` (1: passed). An HTTP error status counts as every case
-    failed (as in ColossalChat); an unreachable service raises, naming the URL."""
+                     timeout_s: float = CODE_TEST_TIMEOUT_S) -> Tuple[List[Any], Any]:
+    """(per-case results, metadata) the verifier answers for ``program`` (a result of 1: passed; metadata: a list
+    with one record). An HTTP error status counts as every case failed, with metadata ``{}`` (as in ColossalChat);
+    an unreachable service raises, naming the URL."""
     body = json.dumps({"in_outs": test_cases, "generation": program, "timeout": CODE_TEST_TIMEOUT_S,
                        "debug": False}).encode()
     request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=timeout_s * max(1, len(test_cases.get("inputs", []))) + 60) as r:
-            return list(json.loads(r.read().decode())["result"])
+            answer = json.loads(r.read().decode())
+            return list(answer["result"]), answer.get("metadata", [])
     except urllib.error.HTTPError as exc:
         log.warning("code verifier %s answered %s; the program counts as failing every case", url, exc.code)
-        return [-1] * len(test_cases.get("inputs", []))
+        return [-1] * len(test_cases.get("inputs", [])), {}
     except (urllib.error.URLError, OSError) as exc:
         raise RuntimeError(f"grpo_config['code_verifier_api_url'] = {url!r} cannot be reached ({exc}); start the "
                            f"code verifier service there or point the key at it") from exc
+
+
+@dataclass(frozen=True)
+class CodeGrade:
+    """A code response judged: its program, format, the test cases as sent, the verifier's answer, and whether
+    every case passed (an empty list passes; metadata must hold a record)."""
+
+    program: str
+    format_ok: bool
+    test_cases: Any
+    results: List[Any]
+    metadata: Any
+    passed: bool
+
+
+def grade_code(text: str, test_cases: Any, url: Optional[str]) -> CodeGrade:
+    """Posts the program of ``text`` with ``test_cases`` (a dict, or its JSON text) to the verifier at ``url``.
+    Test cases that are not JSON fail without a post (logged); missing ones (None) raise."""
+    program, format_ok = extract_program(text), "```python" in text
+    if test_cases is None:
+        raise ValueError("reward_fn_type='code' needs test_cases for every prompt; add a 'test_cases' field "
+                         "({'inputs': [...], 'outputs': [...]}) to each line of the dataset")
+    cases = test_cases
+    if not isinstance(cases, dict):
+        try:
+            cases = json.loads(cases)
+        except (TypeError, ValueError) as exc:
+            log.warning("test_cases %.80r are not JSON (%s); the response scores 0", test_cases, exc)
+            return CodeGrade(program, format_ok, test_cases, [], [], False)
+    results, metadata = post_to_verifier(url, cases, program)
+    first = metadata[0] if isinstance(metadata, list) and metadata else None
+    passed = first is not None and all(x == 1 for x in results)
+    return CodeGrade(program, format_ok, cases, results, metadata if first is None else first, passed)
 
 
 @dataclass(frozen=True)
@@ -110,40 +161,20 @@ class VerifiableReward:
     def score_one(self, text: str, length: int, target: Any) -> List[float]:
         """[reward, format_acc, ans_acc] of one response; ``target``: its gt_answer (math) or test_cases (code)."""
         if self.kind == "code":
-            reward, format_ok, ans_ok = self._code(text, length, target)
+            graded = grade_code(text, target, self.code_verifier_api_url)
+            format_ok, ans_ok = graded.format_ok, graded.passed
+            reward = (ACC_SCORE if format_ok else 0.0) + self.length_bonus(length) if ans_ok else 0.0
         else:
-            if target is None:
-                raise ValueError(f"reward_fn_type={self.kind!r} needs a gt_answer for every prompt; add a "
-                                 f"'gt_answer' field to each line of the dataset")
-            if self.kind == "think_answer_tags":
-                answer = extract_answer_tag(text)
-                format_ok = structure_valid(text, self.tags)
-            else:
-                answer = extract_boxed(text)
-                format_ok = answer is not None and _tag_counts_valid(text, self.tags)
+            answer, format_ok, score = grade_math(self.kind, text, target, self.tags)
             reward, ans_ok = 0.0, False
             if answer is not None:
                 if format_ok:
-                    score = score_answer(answer, target)
                     ans_ok = score > 0
                     reward += score
                 reward += self.length_bonus(length)
         if length >= self.max_new_tokens:
             reward = 0.0
         return [reward, float(format_ok), float(ans_ok)]
-
-    def _code(self, text: str, length: int, test_cases: Any):
-        program = extract_program(text)
-        format_ok = "```python" in text
-        if test_cases is None:
-            raise ValueError("reward_fn_type='code' needs test_cases for every prompt; add a 'test_cases' field "
-                             "({'inputs': [...], 'outputs': [...]}) to each line of the dataset")
-        if not isinstance(test_cases, dict):
-            test_cases = json.loads(test_cases)
-        results = post_to_verifier(self.code_verifier_api_url, test_cases, program)
-        passed = bool(results) and all(x == 1 or x is True for x in results)
-        reward = (ACC_SCORE if format_ok else 0.0) + self.length_bonus(length) if passed else 0.0
-        return reward, format_ok, passed
 
     def __call__(self, responses: Sequence[str], lengths: torch.Tensor, targets: Sequence[Any]) -> torch.Tensor:
         """responses: N decoded responses; lengths: [N] response tokens; targets: N gt_answers or test_cases.

@@ -28,6 +28,7 @@ from coati_relay.observe.profiling import PhaseProfiler
 from coati_relay.roles.learner import Learner
 from coati_relay.roles.seeding import seed_everything
 from coati_relay.rollout import Rollout
+from coati_relay.training.rank_phases import set_collective_timeout
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,8 @@ class ConsumerWorker:
 
                 self.publisher = ObjectStorePublisher(self.store, shared_path=shared_weights)
         self._publish(self.round)
+        # from here on the ranks meet at each round's gate (timeout_s) and a step's collectives are a fault's wait
+        set_collective_timeout(cfg.roles.collective_timeout_s)
         return {"role": f"consumer-{self.rank}", "node": node_id(), "setup_s": time.perf_counter() - t0,
                 "start_round": self.round}
 
@@ -168,8 +171,10 @@ class ConsumerWorker:
         self.device = self.learner.device
 
     def train_round(self, batch: Rollout) -> Dict[str, float]:
-        """The learner's `Learner.train_round` on this rank's share of a round."""
-        return self.learner.train_round(batch)
+        """The learner's `Learner.train_round` on this rank's share of the current round, once every rank has
+        received its share (the round's gate: `training.rank_phases.RankPhases.gate`)."""
+        self.learner.phases.gate(self.round)
+        return self.learner.train_round(batch, self.round)
 
     def _publish(self, version: int) -> Dict[str, float]:
         """Every rank takes part in gathering the weights (a collective under gemini); rank 0 publishes them."""
@@ -248,7 +253,8 @@ class ConsumerWorker:
             metrics = self.train_round(batch)
         train_s = time.perf_counter() - t1
         self.round += 1
-        with self.profiler.phase("sync_model", self.round - 1):
+        with self.profiler.phase("sync_model", self.round - 1), \
+                self.learner.phases.phase("weight publish", self.round - 1):
             metrics.update(self._publish(self.round))  # every rank gathers, rank 0 publishes
         load_s = max((m.get("weight_load_last_s", 0.0) for m in metas), default=0.0)
         metrics.update({
@@ -260,7 +266,7 @@ class ConsumerWorker:
             "weight_sync_s": metrics.get("weight_publish_s", 0.0) + load_s,
         })
         if save_due(self.round, cfg.rounds_per_episode, cfg.checkpointing.save_interval):
-            with self.profiler.phase("save", self.round - 1):
+            with self.profiler.phase("save", self.round - 1), self.learner.phases.phase("checkpoint", self.round - 1):
                 metrics["checkpoint"] = self.save(self.round, record=metrics)
         self.profiler.round_finished()
         elapsed = max(time.perf_counter() - t0, 1e-9)

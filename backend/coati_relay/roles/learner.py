@@ -32,9 +32,11 @@ from coati_relay.cluster.devices import to_device
 from coati_relay.config.schema import Batches, RunConfig
 from coati_relay.roles.logprobs import response_logprobs
 from coati_relay.rollout import Rollout
-from coati_relay.training.distributed import all_reduce_sum
+from coati_relay.training.distributed import all_reduce_min, all_reduce_sum
 from coati_relay.training.plugins import plugin_for_plain_module, precision_dtype, with_accumulation
+from coati_relay.training.rank_phases import RankPhases
 from coati_relay.training.schedule import COLOSSALCHAT_MIN_LR_RATIO, colossalchat_cosine_rounds
+from coati_relay.training.step_plan import StepPlan, agree_on_plan
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +79,10 @@ class Learner:
         """The training backends and the reference model, all on the training device (`coati_relay.cluster.devices`).
         ``pad_token_id``: what pads the rollouts of different rounds that dynamic batching joins."""
         self.cfg, self.rank, self.world_size, self.pad_token_id = cfg, rank, cfg.roles.num_consumers, pad_token_id
+        # what this rank does, for the errors of a collective that cannot complete (`training.rank_phases`)
+        self.phases = RankPhases(rank, self.world_size, cfg.roles.collective_timeout_s, cfg.roles.timeout_s)
         self._carry: Optional[Rollout] = None  # dynamic batching: kept groups short of a whole step, for next round
+        self._share_prompts = False  # this round's choice (`_prompt_sharing`)
         from coati_relay.training.booster_backend import TrainingBackend
 
         cfg, a = self.cfg, self.cfg.algo
@@ -123,8 +128,9 @@ class Learner:
             log.info("top_k=%d, top_p=%s: old log-probs are recomputed over the full distribution each round",
                      s.top_k, s.top_p)
 
-    def train_round(self, batch: Rollout) -> Dict[str, float]:
-        """Advantages, then ``ppo_epochs`` passes of optimizer steps over this rank's share of a round.
+    def train_round(self, batch: Rollout, round_: int = -1) -> Dict[str, float]:
+        """Advantages, then ``ppo_epochs`` passes of optimizer steps over this rank's share of a round (``round_``:
+        its index, for the errors of `training.rank_phases`).
 
         Every rank of the data-parallel group calls it on a batch of the same number of rows (collectives: the
         counts of each step, the statistics at the end). With ``filter_range`` and ``dynamic_batching`` (ColossalChat's
@@ -136,16 +142,18 @@ class Learner:
         stats: Dict[str, float] = {"reward": batch.rewards.float().mean().item(),
                                    "response_length": batch.response_lengths.float().mean().item()}
         if a.filter_range and a.dynamic_batching:
-            batch = self._dynamic_batch(batch, stats)
+            with self.phases.phase("log-probs", round_):
+                batch = self._dynamic_batch(batch, stats)
             if not batch.num_sequences:  # the same on every rank: no step this round, the weights stay
-                return self.over_ranks({**stats, "skipped_steps": 1.0})
+                return self.over_ranks({**stats, "skipped_steps": 1.0}, round_)
         num_resp = batch.response_ids.size(1)
+        self._share_prompts = self._prompt_sharing(batch, round_)
         seq, attn, mask, behaviour, rewards, lengths = to_device(
             self.device, batch.sequences, batch.attention_mask, batch.response_mask.float(), batch.logprobs,
             batch.rewards.float(), batch.response_lengths)
         g = batch.group_size
         self.eval_mode()  # no dropout in the old log-probs and values; `optimizer_step` restores train mode
-        with torch.no_grad():
+        with torch.no_grad(), self.phases.phase("log-probs", round_):
             old_logp = behaviour
             if self.recompute_behaviour:
                 old_logp = self.logprobs_chunked(self.policy.model, seq, attn, num_resp)
@@ -162,12 +170,24 @@ class Learner:
         stats["kept_fraction"] = loss_mask.mean().item()
         rows = StepRows(seq, attn, mask, old_logp, out.advantages, loss_mask, ref_logp, values, out.returns)
         per_step = self.cfg.batches.train_batch_size * g
-        step_stats = [self.optimizer_step(rows.take(slice(start, start + per_step)), num_resp)
-                      for _ in range(a.ppo_epochs) for start in range(0, batch.num_sequences, per_step)]
+        starts = [start for _ in range(a.ppo_epochs) for start in range(0, batch.num_sequences, per_step)]
+        step_stats = [self.optimizer_step(rows.take(slice(start, start + per_step)), num_resp,
+                                          where=(round_, i, len(starts))) for i, start in enumerate(starts)]
         for key in sorted({k for st in step_stats for k in st}):
             present = [st[key] for st in step_stats if key in st]
             stats[key] = sum(present) / len(present)
-        return self.over_ranks(stats)
+        return self.over_ranks(stats, round_)
+
+    def _prompt_sharing(self, batch: Rollout, round_: int) -> bool:
+        """Whether the policy's forwards share each group's prompt this round (`inference.prompt_sharing`). Alone,
+        wherever the model allows. In a data-parallel group, DDP broadcasts the model's buffers in each forward, so
+        every rank must run as many forwards: the ranks share prompts (two forwards a chunk) only where every one of
+        them can, with groups of several samples, and otherwise run one forward a chunk."""
+        if self.world_size == 1:
+            return self.policy.shares_prompts
+        able = self.policy.shares_prompts and batch.group_size > 1 and batch.prompt_ids.size(1) >= 2
+        with self.phases.phase("log-probs", round_):
+            return all_reduce_min(int(able)) == 1
 
     def _dynamic_batch(self, batch: Rollout, stats: Dict[str, float]) -> Rollout:
         """ColossalChat's dynamic batching: drops the groups whose mean answer accuracy is not strictly inside
@@ -182,8 +202,6 @@ class Learner:
         carry = self._carry
         parts = ([carry] if carry is not None else []) + [batch.take_groups(kept)]
         pool = Rollout.concat(parts, self.pad_token_id)
-        from coati_relay.training.distributed import all_reduce_min
-
         ready = all_reduce_min(pool.num_prompts // tbs) * tbs
         self._carry = pool.take_groups(range(ready, pool.num_prompts)) if ready < pool.num_prompts else None
         stats["carried_groups"] = float(pool.num_prompts - ready)
@@ -199,7 +217,8 @@ class Learner:
         share one forward of their prompt where the model allows (`coati_relay.inference.prompt_sharing`)."""
         if model is self.policy.model:
             return response_logprobs(model, seq, attn, num_resp, temperature=self.cfg.sampling.temperature,
-                                     causal_lm=self.policy.causal_lm, share_prompts=self.policy.shares_prompts)
+                                     causal_lm=self.policy.causal_lm, share_prompts=self._share_prompts,
+                                     fixed_forwards=self.world_size > 1)
         return response_logprobs(model, seq, attn, num_resp, temperature=self.cfg.sampling.temperature,
                                  share_prompts=True)
 
@@ -231,30 +250,61 @@ class Learner:
         return keep
 
 
-    def over_ranks(self, stats: Dict[str, float]) -> Dict[str, float]:
+    def over_ranks(self, stats: Dict[str, float], round_: int = -1) -> Dict[str, float]:
         """The statistics of the whole data-parallel group: losses summed (each rank holds its share of the
         batch's loss), the others averaged (every rank trains on as many rows). The keys are the same on every
         rank (they follow the configuration and the all-reduced counts)."""
         if self.world_size == 1:
             return stats
         keys = sorted(stats)
-        total = all_reduce_sum(torch.tensor([float(stats[k]) for k in keys], dtype=torch.float64,
-                                            device=self.device)).tolist()
+        with self.phases.phase("statistics", round_):
+            total = all_reduce_sum(torch.tensor([float(stats[k]) for k in keys], dtype=torch.float64,
+                                                device=self.device)).tolist()
         return {k: v if k in _SUMMED_STATS else v / self.world_size for k, v in zip(keys, total)}
 
-    def optimizer_step(self, rows: StepRows, num_resp: int) -> Dict[str, float]:
+    def optimizer_step(self, rows: StepRows, num_resp: int, where: tuple = (-1, 0, 1)) -> Dict[str, float]:
         """One optimizer step over ``rows`` [n = train_batch_size * G], in micro-batches of `micro_batch_rows`;
-        returns the step's metrics."""
-        a, b = self.cfg.algo, self.cfg.batches
+        returns the step's metrics. ``where``: (round, this step's index, the round's optimizer steps), which the
+        ranks compare before the step's backward passes (`training.step_plan`) and errors name."""
+        b = self.cfg.batches
+        round_, step, steps = where
         n = rows.seq.size(0)
         micro = min(micro_batch_rows(b), n)
-        counts = all_reduce_sum(torch.stack([(rows.mask * rows.loss_mask.unsqueeze(1)).sum(), rows.loss_mask.sum(),
-                                             rows.mask.sum()]))
-        host_counts = counts.tolist()  # the step's one host sync before its update
+        with self.phases.phase("backward", round_, step):
+            counts = all_reduce_sum(torch.stack([(rows.mask * rows.loss_mask.unsqueeze(1)).sum(),
+                                                 rows.loss_mask.sum(), rows.mask.sum()]))
+            host_counts = counts.tolist()  # the step's one host sync before its update
+            train_policy = host_counts[1] > 0  # the same on every rank
+            agree_on_plan(StepPlan(-(-n // micro), train_policy, self.critic is not None, steps), self.rank,
+                          round_, step)
         kept_tokens, kept_samples, valid_tokens = (max(c, 1.0) for c in host_counts)
-        train_policy = host_counts[1] > 0  # the same on every rank
         if not train_policy and self.critic is None:
             return {"skipped_steps": 1.0}
+        with self.phases.phase("backward", round_, step):
+            sums = self._backward(rows, num_resp, micro, train_policy, (kept_tokens, kept_samples, valid_tokens))
+        keys = sorted(sums)
+        stats = dict(zip(keys, torch.stack([sums[k].float() for k in keys]).tolist()))
+        stats["skipped_steps"] = 0.0 if train_policy else 1.0
+        with self.phases.phase("optimizer step", round_, step):
+            if train_policy:
+                out = self.policy.step()
+                stats["lr"] = float(out["lr"])
+                if out["grad_norm"] is not None:
+                    stats["grad_norm"] = out["grad_norm"]
+            self.policy.zero_grad()
+            if self.critic is not None:
+                self.critic.step()
+                self.critic.zero_grad()
+        return stats
+
+    def _backward(self, rows: StepRows, num_resp: int, micro: int, train_policy: bool,
+                  counts: tuple) -> Dict[str, torch.Tensor]:
+        """The backward passes of one optimizer step over ``rows`` in chunks of ``micro`` rows; ``counts``: (kept
+        tokens, kept samples, valid tokens) of the whole step over the ranks. Returns the step's metric sums, on the
+        device."""
+        a = self.cfg.algo
+        kept_tokens, kept_samples, valid_tokens = counts
+        n = rows.seq.size(0)
         sums: Dict[str, torch.Tensor] = {}  # on the device, read once after the step
         dp = self.world_size
         # The run's functions by their registered names (grpo_config): the built-ins or the user's own.
@@ -285,19 +335,7 @@ class Learner:
                                                               mask=part.mask, total_tokens=valid_tokens)
                 self.critic.backward(vloss * dp)
                 _add(sums, "value_loss", vloss.detach())
-        keys = sorted(sums)
-        stats = dict(zip(keys, torch.stack([sums[k].float() for k in keys]).tolist()))
-        stats["skipped_steps"] = 0.0 if train_policy else 1.0
-        if train_policy:
-            out = self.policy.step()
-            stats["lr"] = float(out["lr"])
-            if out["grad_norm"] is not None:
-                stats["grad_norm"] = out["grad_norm"]
-        self.policy.zero_grad()
-        if self.critic is not None:
-            self.critic.step()
-            self.critic.zero_grad()
-        return stats
+        return sums
 
 
 _SUMMED_STATS = {"loss", "value_loss"}

@@ -32,7 +32,7 @@ def _logits_of(output: Any) -> torch.Tensor:
 
 def response_logprobs(model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor,
                       num_response_tokens: int, temperature: float = 1.0, causal_lm: Optional[bool] = None,
-                      share_prompts: bool = False) -> torch.Tensor:
+                      share_prompts: bool = False, fixed_forwards: bool = False) -> torch.Tensor:
     """Log-probs that ``model`` gives the last ``num_response_tokens`` tokens of ``sequences``.
 
     sequences:      LongTensor [N, S], left-padded prompt then right-padded response (``Rollout.sequences``).
@@ -48,8 +48,8 @@ def response_logprobs(model: torch.nn.Module, sequences: torch.Tensor, attention
     ``past_key_values``); None reads it from ``model.forward``'s signature (say True for a transformers model behind
     a wrapper whose forward takes ``**kwargs``). share_prompts: with a causal LM, adjacent rows with equal prompts
     (the samples of a group) share one forward of their prompt (`coati_relay.inference.prompt_sharing`); the values are
-    those
-    of the full forward up to float rounding.
+    those of the full forward up to float rounding. fixed_forwards: with share_prompts, two forwards whatever the
+    data (`prompt_sharing.shared_prompt_logits`'s ``always``).
     """
     if not isinstance(sequences, torch.Tensor) or sequences.dim() != 2 or sequences.dtype != torch.long:
         raise TypeError("response_logprobs: sequences must be a LongTensor [N, S], got "
@@ -68,7 +68,7 @@ def response_logprobs(model: torch.nn.Module, sequences: torch.Tensor, attention
                          "greedy rollouts carry the log-probs of the temperature-1 distribution, use 1.0")
     if causal_lm is None:
         causal_lm = "logits_to_keep" in inspect.signature(model.forward).parameters
-    logits = shared_prompt_logits(model, sequences, attention_mask, num_response_tokens) \
+    logits = shared_prompt_logits(model, sequences, attention_mask, num_response_tokens, always=fixed_forwards) \
         if causal_lm and share_prompts else None
     if logits is None:
         mask = attention_mask.long()

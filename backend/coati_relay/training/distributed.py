@@ -216,8 +216,11 @@ def barrier(timeout_s: float = 300) -> None:
         return
     if dist.get_backend() == "gloo":
         dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s))
-    else:
-        dist.barrier()
+    else:  # NCCL's barrier is bounded by the group's timeout: ``timeout_s`` for this one
+        from coati_relay.training.rank_phases import longer_timeout
+
+        with longer_timeout(timeout_s):
+            dist.barrier()
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
