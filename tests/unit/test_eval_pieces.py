@@ -132,7 +132,7 @@ def test_rollout_log_writes_when_due_and_refuses_an_existing_file(tmp_path):
 
 
 def test_rule_rewards_use_their_tags_and_code_posts_to_the_verifier(monkeypatch):
-    import coati_relay.rewards.eval_grading as grading
+    import coati_relay.rewards.verifiable as verifiable
 
     tags = {"answer_start": {"text": "<answer>", "num_occur": 1}, "answer_end": {"text": "</answer>", "num_occur": 1}}
     recs = grade_for_eval("boxed", ["<answer>\\boxed{3}</answer>", "\\boxed{3}"], ["3", "3"], ["p", "p"], [5, 5],
@@ -142,9 +142,9 @@ def test_rule_rewards_use_their_tags_and_code_posts_to_the_verifier(monkeypatch)
 
     def verifier(url, cases, program):
         posted.append((url, cases, program))
-        return [1, 1] if "return" in program else [1, 0]
+        return ([1, 1] if "return" in program else [1, 0]), [{}]
 
-    monkeypatch.setattr(grading, "post_to_verifier", verifier)
+    monkeypatch.setattr(verifiable, "post_to_verifier", verifier)
     cases = {"inputs": ["1", "2"], "outputs": ["1", "2"]}
     recs = grade_for_eval("code", ["```python\nreturn x\n```", "x = 1"], [cases, json.dumps(cases)], ["p", "q"],
                           [7, 3], code_verifier_api_url="http://verifier")

@@ -17,7 +17,7 @@ T = torch.tensor
 # -------------------------------------------------------------------------------------------------- boxed
 @pytest.mark.parametrize("response,gt,expected", [
     ("so the answer is \\boxed{42}.", "42", 10.0),
-    ("\\boxed{\\frac{1}{2}}", "\\dfrac{1}{2}", 10.0),           # nested braces, \dfrac == \frac
+    ("\\boxed{\\frac{1}{2}}", "0.5", 10.0),                     # nested braces
     ("first \\boxed{1}, then \\boxed{ 2 }", "2", 10.0),         # the last box counts
     ("first \\boxed{2}, then \\boxed{1}", "2", 0.0),
     ("$\\boxed{3.50}$", "3.5", 10.0),
@@ -28,18 +28,18 @@ T = torch.tensor
     ("the answer is 42", "42", 0.0),                            # no box: invalid format
     ("\\boxed{42", "42", 0.0),                                  # unclosed box
     ("\\boxed{42}", None, 0.0),                                 # no ground truth
-    ("\\boxed{0.5}", "1/2", 0.0),                               # equivalence needs math_verify
+    ("\\boxed{0.5}", "1/2", 10.0),                              # math_verify: equal values
+    ("\\boxed {42}", "42", 0.0),                                # only "\\boxed{" is looked up
+    ("\\boxed{\\dfrac{1}{2}}", "\\frac12", 0.0),                 # ColossalChat's extraction settings
 ])
 def test_boxed(response, gt, expected):
     assert rewards.get_reward_fn("boxed")([response], [gt], ["q"]).tolist() == [expected]
 
 
-def test_extract_and_normalise():
+def test_extract():
     assert rewards.extract_boxed("a \\boxed{x^{2}+\\frac{1}{2}} b") == "x^{2}+\\frac{1}{2}"
     assert rewards.extract_boxed("no box") is None
-    assert rewards.normalize_answer(" -007.250 ") == "-7.25"
-    assert rewards.normalize_answer("-0.0") == "0"
-    assert rewards.normalize_answer("\\left( 1, 2 \\right)") == "(1,2)"
+    assert rewards.extract_boxed("\\boxed{1} then \\boxed{2") is None  # the last one counts, and it is unclosed
     assert rewards.grade_boxed("\\boxed{7}", "8") == rewards.MathGrade(True, False, 0.0)
 
 
@@ -49,7 +49,7 @@ GOOD = "<think>6 times 7</think><answer>42</answer>"
 
 @pytest.mark.parametrize("response,expected", [
     (GOOD, 10.0),
-    (GOOD + "\n ", 10.0),                                                  # trailing whitespace is fine
+    (GOOD + "\n ", 0.0),                                                   # nothing after </answer>
     ("<think>hm</think><answer> $42$ </answer>", 10.0),
     ("<think>6 times 7</think><answer>41</answer>", 0.0),                  # format only
     ("<answer>42</answer>", 0.0),                                          # missing think
@@ -70,16 +70,40 @@ def test_think_answer_grades():
 
 
 def test_math_verify_path(monkeypatch):
-    """With math_verify importable: parsed predictions are verified; an unparseable exact match earns 5."""
-    fake = SimpleNamespace(
-        parse=lambda s: [] if "unparseable" in s else [s.replace(" ", "")],
-        verify=lambda gold, pred: gold == pred or (gold == ["\\boxed{1/2}"] and pred == ["\\boxed{0.5}"]),
+    """math_verify decides first; a text match (spaces, braces, commas dropped) rescues the rest: 5 when the
+    prediction does not parse, else 10."""
+    fake = SimpleNamespace(  # a side written as "{..}" does not parse ("\\boxed{{..}}")
+        parse=lambda s, **kw: [] if "{{" in s else [s.replace(" ", "")],
+        verify=lambda gold, pred, **kw: gold == pred or (gold == ["\\boxed{1/2}"] and pred == ["\\boxed{0.5}"]),
     )
-    monkeypatch.setattr(math_rewards, "_math_verify", fake)
+    monkeypatch.setattr(math_rewards, "_checker", lambda: (fake, ()))
     assert rewards.score_answer("0.5", "1/2") == 10.0
     assert rewards.score_answer("0.7", "1/2") == 0.0
-    assert rewards.score_answer("unparseable", "unparseable") == 5.0
-    assert rewards.score_answer("unparseable", "x") == 0.0
+    assert rewards.score_answer("{a}", "a") == 5.0  # the prediction does not parse, the text matches
+    assert rewards.score_answer("{a}", "b") == 0.0
+    assert rewards.score_answer("a", "{a}") == 10.0  # the gold does not parse, the text matches
+    assert rewards.score_answer("a,b", "a b") == 10.0  # parsed and unequal, the text matches
+
+
+def test_math_verify_is_required(monkeypatch):
+    monkeypatch.setitem(sys.modules, "math_verify", None)
+    math_rewards._checker.cache_clear()
+    try:
+        with pytest.raises(ImportError, match="math-verify==0.9.0"):
+            rewards.score_answer("1", "1")
+    finally:
+        math_rewards._checker.cache_clear()
+
+
+def test_math_verify_off_the_main_thread():
+    """Scoring from a worker thread gives the main thread's answer (math_verify's SIGALRM bound is left off)."""
+    import threading
+
+    out = []
+    worker = threading.Thread(target=lambda: out.append(rewards.score_answer("\\frac{1}{2}", "0.5")))
+    worker.start()
+    worker.join()
+    assert out == [10.0]
 
 
 def test_soft_overlength_penalty():
