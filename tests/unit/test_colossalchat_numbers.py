@@ -69,7 +69,7 @@ DECLARED = {
         "derives max_new_tokens from max_length and drops responses that reach it; measured 4 of 8 rows"),
     "log_ratio_clamp": (
         "the engine clamps logp - old_logp to +-20 before the exp: at a token beyond, its gradient is 0 where "
-        "ColossalChat's is the unclamped ratio's (up to 1e13 at +30), elsewhere equal; a -inf behaviour "
+        "ColossalChat's is the unclamped ratio's (up to 1.2e12 at +30), elsewhere equal; a -inf behaviour "
         "log-prob on a padded position gives ColossalChat a NaN loss, on a valid token an inf loss and gradient; "
         "the engine's are finite"),
 }
