@@ -245,9 +245,21 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
     if hooks.stop_at is not None and stop_path and stop_path not in checkpoints:
         checkpoints.append(stop_path)
         hooks.checkpoint(hooks.stop_at, stop_path)
+    consumer_stats = [results[c] for c in consumers if c in results]
+    _check_ranks_agree(consumer_stats)
     # wall_s: training only; the log's timestamps are when the driver saw each step
     return recorder.result(setup_s, train_s, checkpoints=checkpoints, counters=supervisor.counters,
-                           producer_stats=[results[p] for p in producers if p in results], nodes=nodes)
+                           producer_stats=[results[p] for p in producers if p in results],
+                           consumer_stats=consumer_stats, nodes=nodes)
+
+
+def _check_ranks_agree(consumer_stats: List[Dict[str, Any]]) -> None:
+    """Logs an error where the consumers' policies ended with different weights (data-parallel ranks that drifted
+    apart: a plugin or a model whose gradients are not averaged the same way on every rank)."""
+    digests = [s.get("weights_digest") for s in consumer_stats]
+    if len(digests) > 1 and None not in digests and any(d != digests[0] for d in digests):
+        log.error("the consumer ranks ended with different policy weights (sum, absolute sum per rank: %s); the "
+                  "checkpoint holds rank 0's", digests)
 
 
 class _Supervisor:

@@ -28,6 +28,9 @@ class RunResult:
     summary: Dict[str, Any]
     counters: Dict[str, Any]
     producer_stats: List[Dict[str, Any]] = field(default_factory=list)
+    # each consumer rank's end: rounds trained, and ``weights_digest`` (sum and absolute sum of its policy's weights
+    # in float64; None where the plugin shards them), equal on every rank of a data-parallel group
+    consumer_stats: List[Dict[str, Any]] = field(default_factory=list)
     setup_s: float = 0.0
     nodes: Dict[str, str] = field(default_factory=dict)  # role or service ("producer-0", "weight-store") -> node id
     # (empty in a colocated run, which has no Ray nodes)

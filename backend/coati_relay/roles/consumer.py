@@ -216,7 +216,8 @@ class ConsumerWorker:
         return entries, rollouts
 
     def run(self) -> Dict[str, int]:
-        """Trains every remaining round; returns ``{"rounds": rounds trained, "last_round": the round reached}``.
+        """Trains every remaining round; returns ``{"rounds": rounds trained, "last_round": the round reached,
+        "weights_digest": `weights_digest`}``.
 
         Rank 0 posts each round's metrics to the queue's report log, where the driver collects the run's history;
         no rank keeps them (a run of any length holds no per-round record here)."""
@@ -239,7 +240,21 @@ class ConsumerWorker:
             if self.round % 20 == 0:  # what the rounds freed leaves the RSS (coati_relay.cluster.heap)
                 trim_heap()
         self.profiler.close()
-        return {"rounds": self.round - first, "last_round": self.round}
+        return {"rounds": self.round - first, "last_round": self.round, "weights_digest": self.weights_digest()}
+
+    def weights_digest(self) -> Optional[Tuple[float, float]]:
+        """(sum, absolute sum) of the policy's weights in float64, which every data-parallel rank holds the same
+        (bit for bit, the same sums); None where the plugin shards the weights over the ranks (Gemini)."""
+        if self.policy.shards_parameters:
+            return None
+        import torch
+
+        total = absolute = 0.0
+        with torch.no_grad():
+            for p in self.policy.unwrapped().parameters():  # one float64 copy at a time
+                p64 = p.detach().double()
+                total, absolute = total + float(p64.sum()), absolute + float(p64.abs().sum())
+        return total, absolute
 
     def finish_round(self, rollouts: List[Rollout], metas: List[Dict[str, float]], versions: List[int], t0: float,
                      wait_s: float) -> Dict[str, Any]:
