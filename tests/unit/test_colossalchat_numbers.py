@@ -280,9 +280,9 @@ def run_config(paths, core_algo, grpo, generate, num_generations, train_batch_si
                      progress=False)
 
 
-def engine_step_gradient(case, paths):
+def engine_step_gradient(case, paths, **grpo):
     """The gradient of the engine's first optimizer step on the recorded rows: `Learner.train_round`, its policy's
-    step recording the gradients, flattened in sorted-name order."""
+    step recording the gradients, flattened in sorted-name order; ``grpo``: grpo_config keys over the case's."""
     from coati_relay.roles.learner import Learner
     from coati_relay.rollout import Rollout
 
@@ -295,7 +295,7 @@ def engine_step_gradient(case, paths):
                       weight_version=0, rewards=t(inp["reward"]), ans_acc=t(inp["ans_acc"]))
     generate = dict(case["generate_config"])
     generate.setdefault("max_new_tokens", ids.size(1) - p + 2)  # no truncation filter where none was configured
-    cfg = run_config(paths, case["core_algo"], case["grpo_config"], generate, g, case["train_batch_size"],
+    cfg = run_config(paths, case["core_algo"], {**case["grpo_config"], **grpo}, generate, g, case["train_batch_size"],
                      case["train_minibatch_size"], ids.size(0) // g)
     reference = build_model(case["reference_seed"]) if case["reference_seed"] is not None else None
     learner = Learner(cfg, 0, build_model(0), reference=reference)
@@ -472,3 +472,15 @@ def test_truncated_filter_without_max_new_tokens_is_the_declared_difference(path
     lengths = [limit if n == width else n for n in case["response_lengths"]]  # the truncated rows, at the limit
     got = engine_loss_mask(cfg, lengths, 4)
     assert int((got == 0).sum()) == 4 and torch.equal(got == 0, t(lengths) == limit)
+
+
+# The cases whose difference is the loss normalisation alone: with loss_normalization='colossalchat' the engine's step
+# gradient is ColossalChat's.
+NORMALISATION_CASES = [c for c in STEP["cases"] if STEP_ROWS[c["name"]][0] in
+                       (None, "sample_level_step_normalisation", "token_level_minibatch_normalisation")]
+
+
+@pytest.mark.parametrize("case", NORMALISATION_CASES, ids=lambda c: c["name"])
+def test_step_gradient_with_colossalchat_normalisation_is_colossalchat_s(case, paths):
+    engine = engine_step_gradient(case, paths, loss_normalization="colossalchat")
+    assert_gradient(engine, colossalchat_gradient(case), 1.0)

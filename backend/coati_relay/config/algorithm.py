@@ -59,6 +59,7 @@ ALGORITHM_KEYS: Dict[str, Check] = {
                      default=lambda given: given.get("beta", 0.01)),
     "loss_variation": Check(lambda v: v in ("sample_level", "token_level"), "'sample_level' or 'token_level'",
                             default="sample_level"),
+    "loss_normalization": Check(lambda v: v in ("step", "colossalchat"), "'step' or 'colossalchat'", default="step"),
     "clip_eps_low": Check(is_positive, "a number > 0", default=0.2),
     "clip_eps_high": Check(is_positive, "a number > 0", default=0.2),
     "filter_range": Check(_pair, "None or [low, high] with low < high", default=None),

@@ -68,6 +68,13 @@ class AlgorithmConfig:
     loss_variation: str = meaning(CC, "'sample_level' (each response's mean token loss, averaged) or "
                                       "'token_level' (the mean over every token of the batch)",
                                   "grpo_config['loss_variation']")
+    loss_normalization: str = meaning(
+        EXT, "what a micro-batch's loss is divided by: 'step' (the kept samples, or tokens with token_level, of the "
+             "whole optimizer step over every rank: the gradient does not depend on how the step is split into "
+             "micro-batches or ranks) or 'colossalchat' (ColossalChat's: sample_level by the micro-batch's rows, "
+             "token_level by the kept tokens of its mini-batch over the ranks; each micro-batch's backward unscaled, "
+             "so the step's gradient grows with its micro-batches and mini-batches)",
+        "grpo_config['loss_normalization']")
     clip_eps_low: float = meaning(CC, "the ratio clip below 1 of the policy loss", "grpo_config['clip_eps_low']")
     clip_eps_high: float = meaning(CC, "the ratio clip above 1 of the policy loss", "grpo_config['clip_eps_high']")
     filter_range: Optional[Sequence[float]] = meaning(

@@ -22,7 +22,7 @@ the micro-batches and are read once, after them: each read waits for a GPU.
 from __future__ import annotations
 
 import logging
-from typing import Dict, NamedTuple, Optional
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import nn
@@ -69,6 +69,15 @@ def micro_batch_rows(batches: Batches) -> int:
     return min(batches.train_microbatch_size, batches.train_minibatch_size * batches.num_generations)
 
 
+def micro_batches(n: int, minibatch: int, micro: int) -> List[Tuple[slice, slice]]:
+    """The forward chunks of an optimizer step of ``n`` rows: ``(its mini-batch, its rows)`` for each, in order; a
+    mini-batch is ``minibatch`` rows (``train_minibatch_size * G``), cut into chunks of ``micro`` rows, the last of
+    each maybe shorter (as ColossalChat's consumer cuts each mini-batch it steps on)."""
+    micro = max(1, min(micro, minibatch))
+    return [(slice(m, min(m + minibatch, n)), slice(s, min(s + micro, m + minibatch, n)))
+            for m in range(0, n, minibatch) for s in range(m, min(m + minibatch, n), micro)]
+
+
 class Learner:
     """The algorithm of one data-parallel consumer rank, apart from its transport (`ConsumerWorker`: the queue,
     the rendezvous, publishing, the checkpoint cadence): the advantages, ``ppo_epochs`` passes of optimizer steps,
@@ -100,9 +109,10 @@ class Learner:
             total_steps = colossalchat_cosine_rounds(cfg.batches.num_episodes, cfg.rounds_per_episode)
             min_lr_ratio = COLOSSALCHAT_MIN_LR_RATIO
         b = cfg.batches
-        micro_batches = -(-b.train_batch_size * b.num_generations // micro_batch_rows(b))
+        chunks = len(micro_batches(b.train_batch_size * b.num_generations, b.train_minibatch_size * b.num_generations,
+                                   micro_batch_rows(b)))
         common = dict(plugin=cfg.plugin.name,
-                      plugin_options=with_accumulation(cfg.plugin.name, cfg.plugin.options, micro_batches),
+                      plugin_options=with_accumulation(cfg.plugin.name, cfg.plugin.options, chunks),
                       allow_cpu_fallback=cfg.plugin.allow_cpu_fallback,
                       max_grad_norm=a.max_grad_norm, scheduler=a.lr_scheduler, total_steps=total_steps,
                       warmup_steps=a.warmup_steps, weight_decay=a.weight_decay, min_lr_ratio=min_lr_ratio,
@@ -269,19 +279,21 @@ class Learner:
         b = self.cfg.batches
         round_, step, steps = where
         n = rows.seq.size(0)
-        micro = min(micro_batch_rows(b), n)
+        chunks = micro_batches(n, b.train_minibatch_size * b.num_generations, micro_batch_rows(b))
+        kept = rows.mask * rows.loss_mask.unsqueeze(1)  # [n, R] the tokens that train
         with self.phases.phase("backward", round_, step):
-            counts = all_reduce_sum(torch.stack([(rows.mask * rows.loss_mask.unsqueeze(1)).sum(),
-                                                 rows.loss_mask.sum(), rows.mask.sum()]))
+            # the step's counts over the ranks: kept tokens, kept samples, valid tokens, then the kept tokens of each
+            # chunk's mini-batch (loss_normalization 'colossalchat')
+            counts = all_reduce_sum(torch.stack([kept.sum(), rows.loss_mask.sum(), rows.mask.sum(),
+                                                 *(kept[mb].sum() for mb, _ in chunks)]))
             host_counts = counts.tolist()  # the step's one host sync before its update
             train_policy = host_counts[1] > 0  # the same on every rank
-            agree_on_plan(StepPlan(-(-n // micro), train_policy, self.critic is not None, steps), self.rank,
+            agree_on_plan(StepPlan(len(chunks), train_policy, self.critic is not None, steps), self.rank,
                           round_, step)
-        kept_tokens, kept_samples, valid_tokens = (max(c, 1.0) for c in host_counts)
         if not train_policy and self.critic is None:
             return {"skipped_steps": 1.0}
         with self.phases.phase("backward", round_, step):
-            sums = self._backward(rows, num_resp, micro, train_policy, (kept_tokens, kept_samples, valid_tokens))
+            sums = self._backward(rows, num_resp, chunks, train_policy, [max(c, 1.0) for c in host_counts])
         keys = sorted(sums)
         stats = dict(zip(keys, torch.stack([sums[k].float() for k in keys]).tolist()))
         stats["skipped_steps"] = 0.0 if train_policy else 1.0
@@ -297,31 +309,41 @@ class Learner:
                 self.critic.zero_grad()
         return stats
 
-    def _backward(self, rows: StepRows, num_resp: int, micro: int, train_policy: bool,
-                  counts: tuple) -> Dict[str, torch.Tensor]:
-        """The backward passes of one optimizer step over ``rows`` in chunks of ``micro`` rows; ``counts``: (kept
-        tokens, kept samples, valid tokens) of the whole step over the ranks. Returns the step's metric sums, on the
-        device."""
+    def _backward(self, rows: StepRows, num_resp: int, chunks: List[Tuple[slice, slice]], train_policy: bool,
+                  counts: List[float]) -> Dict[str, torch.Tensor]:
+        """The backward passes of one optimizer step over ``rows``, one a micro-batch of ``chunks`` ((its
+        mini-batch, its rows): `micro_batches`); ``counts``: kept tokens, kept samples and valid tokens of the whole
+        step over the ranks, then the kept tokens of each chunk's mini-batch. Returns the step's metric sums, on the
+        device.
+
+        What a micro-batch's policy loss is divided by (``loss_normalization``): 'step', the step's kept samples
+        (tokens) over the ranks, times the ranks (the plugins average the gradients over them), so that the step's
+        gradient is that of its whole batch; 'colossalchat', as ColossalChat's consumer: sample_level by the
+        micro-batch's rows, token_level by its mini-batch's kept tokens over the ranks, backward unscaled."""
         a = self.cfg.algo
-        kept_tokens, kept_samples, valid_tokens = counts
+        kept_tokens, kept_samples, valid_tokens, *minibatch_tokens = counts
+        as_colossalchat = a.loss_normalization == "colossalchat"
         n = rows.seq.size(0)
         sums: Dict[str, torch.Tensor] = {}  # on the device, read once after the step
         dp = self.world_size
         # The run's functions by their registered names (grpo_config): the built-ins or the user's own.
         policy_loss, kl_estimate = algos.get("policy_loss", a.policy_loss), algos.get("kl", a.kl_estimator)
         self.policy.train()
-        for s in range(0, n, micro):
-            part = rows.take(slice(s, s + micro))
+        for i, (_, micro) in enumerate(chunks):
+            part = rows.take(micro)
             share = part.seq.size(0) / n
             if train_policy:
                 logp = self.logprobs(self.policy.model, part.seq, part.attn, num_resp)
                 kl = None if part.ref_logp is None else kl_estimate(logp, part.ref_logp)
+                tokens, samples, scale = kept_tokens, kept_samples, dp
+                if as_colossalchat:
+                    tokens, samples, scale = minibatch_tokens[i], part.seq.size(0), 1
                 loss, st = policy_loss(
                     logp, part.old_logp, part.adv, part.mask, clip_eps_low=a.clip_eps_low,
                     clip_eps_high=a.clip_eps_high, aggregation=a.loss_variation, per_token_kl=kl,
                     beta=a.beta if self.spec.kl_in_loss else 0.0, loss_mask=part.loss_mask,
-                    total_tokens=kept_tokens, num_samples=kept_samples, stats_on_host=False)
-                self.policy.backward(loss * dp)
+                    total_tokens=tokens, num_samples=samples, stats_on_host=False)
+                self.policy.backward(loss * scale)
                 _add(sums, "loss", loss.detach())
                 if "clip_frac" in st:
                     _add(sums, "clip_frac", torch.as_tensor(st["clip_frac"], dtype=torch.float32,
