@@ -16,13 +16,17 @@ keywords, meaning the same, plus ``data_actor_buffer_size_limit``. The schedule 
 Here the buffer is the engine's rollout queue (`RolloutQueueActor`: ``buffer_prompts``, ``wait_room``) and the
 versions are the weight store's. ``n_behind`` keeps launch_distributed's meaning when given (an int: a staleness
 bound); its default here is None, no bound but the buffer's, as in ColossalChat, whose zero-bubble entry has no
-such keyword. Differences from ColossalChat: its consumers publish after each optimizer step, here after each
-round (``inference_batch_size * num_producers`` prompts; the same when that equals ``train_batch_size *
-num_consumer_procs``); the bound is not widened by DAPO's sample utilisation (no dynamic batching here, so every
-buffered prompt trains); every ``core_algo`` of this engine runs (ColossalChat's zero-bubble entry: GRPO, DAPO).
+such keyword. As ColossalChat's zero-bubble consumer, the optimizer has no weight decay unless
+``grpo_config['weight_decay']`` is given (ColossalChat ignores it) and ColossalChat's cosine (``lr_scheduler``
+'colossalchat') steps once per optimizer step. Differences from ColossalChat: its consumers publish after each
+optimizer step, here after each round (``inference_batch_size * num_producers`` prompts; the same when that equals
+``train_batch_size * num_consumer_procs``); the bound is not widened by DAPO's sample utilisation (no dynamic
+batching here, so every buffered prompt trains); every ``core_algo`` of this engine runs (ColossalChat's zero-bubble
+entry: GRPO, DAPO).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any, Optional
 
@@ -34,6 +38,8 @@ from coati_relay.config.schema import RunConfig
 from coati_relay.observe.run_result import RunResult
 
 __all__ = ["launch_distributed", "zero_bubble_config", "buffer_limit"]
+
+log = logging.getLogger(__name__)
 
 
 def buffer_limit(data_actor_buffer_size_limit: int, train_minibatch_size: int, num_consumer_procs: int) -> int:
@@ -71,7 +77,13 @@ def zero_bubble_config(data_actor_buffer_size_limit: Any = 0, n_behind: Optional
     if errors:
         raise ConfigError("invalid launch configuration:\n  - " + "\n  - ".join(errors))
     limit = buffer_limit(data_actor_buffer_size_limit, cfg.batches.train_minibatch_size, cfg.roles.num_consumers)
-    return replace(cfg, roles=replace(cfg.roles, n_behind=n_behind, buffer_prompts=limit))
+    cfg = replace(cfg, roles=replace(cfg.roles, n_behind=n_behind, buffer_prompts=limit))
+    if "weight_decay" not in (kwargs.get("grpo_config") or {}):  # its consumer gives HybridAdam none: 0
+        cfg = replace(cfg, algo=replace(cfg.algo, weight_decay=0.0))
+    else:
+        log.warning("grpo_config['weight_decay']=%r: ColossalChat's zero-bubble consumer ignores it (its optimizer "
+                    "has none); this engine applies it", cfg.algo.weight_decay)
+    return cfg
 
 
 def launch_distributed(**kwargs: Any) -> RunResult:

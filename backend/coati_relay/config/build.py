@@ -363,6 +363,14 @@ def build_run_config(
                        train_batch_size, train_minibatch_size, num_generations, grpo)
     sampling = build_sampling(errors, gen, grpo, roles.inference_backend, core_algo, _prompt_tokens(tdc))
     algo = build_algorithm(errors, core_algo, grpo, batches.num_generations)
+    if algo is not None and algo.filter_truncated_response and \
+            all(gen.get(k) is None for k in ("max_new_tokens", "max_tokens")):
+        # ColossalChat's consumer compares each response's width with generate_config's max_new_tokens or
+        # max_tokens: None there, and no response is filtered (rl_example.py's transformers settings)
+        warn_ignored("grpo_config", "filter_truncated_response",
+                     "generate_config gives no max_new_tokens (or max_tokens), so ColossalChat's consumer filters no "
+                     "response and neither does this engine; give generate_config['max_new_tokens'] to filter")
+        algo = replace(algo, filter_truncated_response=False)
     if colocate is True and not imc.get("path") and tmc.get("path"):  # one policy: its path once is enough
         imc["path"] = tmc["path"]
     models = build_models(errors, roles, imc, tmc, tokc, critic_cfg, rm_cfg, core_algo,

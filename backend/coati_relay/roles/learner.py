@@ -104,10 +104,14 @@ class Learner:
         if self.spec.needs_critic != (critic is not None):
             raise ValueError(f"{a.algo} trains {'a' if self.spec.needs_critic else 'no'} critic")
         steps_per_round = cfg.optimizer_steps_per_round * a.ppo_epochs
-        total_steps, min_lr_ratio = cfg.total_rounds * steps_per_round, 0.0
+        total_steps, min_lr_ratio, rounds = cfg.total_rounds * steps_per_round, 0.0, cfg.total_rounds
         if a.lr_scheduler == "colossalchat":  # ColossalChat's cosine, in rounds (`training.schedule`)
             total_steps = colossalchat_cosine_rounds(cfg.batches.num_episodes, cfg.rounds_per_episode)
             min_lr_ratio = COLOSSALCHAT_MIN_LR_RATIO
+            if cfg.zero_bubble:  # ColossalChat's zero-bubble consumer steps its cosine once per optimizer step
+                total_steps = colossalchat_cosine_rounds(cfg.batches.num_episodes,
+                                                         cfg.rounds_per_episode * steps_per_round)
+                rounds, steps_per_round = cfg.total_rounds * steps_per_round, 1
         b = cfg.batches
         chunks = len(micro_batches(b.train_batch_size * b.num_generations, b.train_minibatch_size * b.num_generations,
                                    micro_batch_rows(b)))
@@ -116,7 +120,7 @@ class Learner:
                       allow_cpu_fallback=cfg.plugin.allow_cpu_fallback,
                       max_grad_norm=a.max_grad_norm, scheduler=a.lr_scheduler, total_steps=total_steps,
                       warmup_steps=a.warmup_steps, weight_decay=a.weight_decay, min_lr_ratio=min_lr_ratio,
-                      steps_per_round=steps_per_round, rounds=cfg.total_rounds)
+                      steps_per_round=steps_per_round, rounds=rounds)
         self.policy = TrainingBackend(policy, lr=a.lr, **common)
         self.device = self.policy.device
         self.backends = {"policy": self.policy}
