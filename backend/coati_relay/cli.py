@@ -21,6 +21,8 @@ RUN_EPILOG = """examples:
   coati-relay run grpo.yaml
   coati-relay run grpo.yaml --set grpo_config.lr=1e-5 --set num_episodes=3
   coati-relay run grpo.yaml --dry-run          # check and print the resolved config, start nothing
+  coati-relay run grpo.yaml --import myrewards  # myrewards.py registers rewards with @register_reward
+  coati-relay run grpo.yaml --set grpo_config.reward_fn=myrewards:exact  # a reward by import path
 
 exit codes: 0 trained; 1 the run failed (a role died or timed out); 2 the config is wrong (the message says how)"""
 
@@ -38,30 +40,69 @@ EXPORT_EPILOG = """examples:
 exit codes: 0 written (the directory is printed); 2 the source or the output directory is wrong"""
 
 
+class ConfigFileError(ValueError):
+    """The config file is missing, unreadable or not a YAML mapping."""
+
+
+def _read_config(path: str) -> dict:
+    """The mapping of launch keywords in the YAML file ``path``; `ConfigFileError` where it cannot be read."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            kwargs = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigFileError(f"{path}: no such file; give the path of a YAML file of launch_distributed "
+                              f"keywords") from None
+    except OSError as exc:
+        raise ConfigFileError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigFileError(f"{path} is not valid YAML{at}: {problem}") from None
+    if not isinstance(kwargs, dict):
+        raise ConfigFileError(f"{path} must hold a mapping of launch_distributed keywords, got "
+                              f"{type(kwargs).__name__}")
+    return kwargs
+
+
+def _import_user_modules(kwargs: dict, extra: List[str]) -> None:
+    """Imports the modules of the config's ``imports`` key (popped from ``kwargs``) and of ``--import``, from the
+    current directory first, as ``python -m`` does, so that what they register is there before the config is
+    built."""
+    from coati_relay.config.import_paths import ImportPathError, import_user_module
+
+    listed = kwargs.pop("imports", None) or []
+    if isinstance(listed, str):
+        listed = [listed]
+    if not isinstance(listed, list):
+        raise ImportPathError(f"imports must be a list of module names or .py files, got {listed!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for spec in [*listed, *extra]:
+        import_user_module(spec)
+
+
 def _run(args: argparse.Namespace) -> int:
     import json
 
-    import yaml
-
     from coati_relay.config.build import ConfigError, build_run_config
+    from coati_relay.config.import_paths import ImportPathError
     from coati_relay.config.overrides import OverrideError, apply_overrides
     from coati_relay.launch import launch_distributed
     from coati_relay.observe.metrics import summary_table
     from coati_relay.observe.run_result import RunFailed
     from coati_relay.observe.trackers import run_config_dict
 
-    with open(args.config) as f:
-        kwargs = yaml.safe_load(f)
-    if not isinstance(kwargs, dict):
-        print(f"coati-relay run: {args.config} must hold a mapping of launch_distributed keywords", file=sys.stderr)
-        return 2
     try:
-        kwargs = apply_overrides(kwargs, args.set)
+        kwargs = apply_overrides(_read_config(args.config), args.set)
+        _import_user_modules(kwargs, args.imports)
         if args.dry_run:
             print(json.dumps(run_config_dict(build_run_config(**kwargs)), indent=2))
             return 0
         result = launch_distributed(**kwargs)
-    except (ConfigError, OverrideError, TypeError) as exc:
+    except (ConfigError, ConfigFileError, ImportPathError, OverrideError, TypeError) as exc:
         print(f"coati-relay run: {exc}", file=sys.stderr)
         return 2
     except RunFailed as exc:
@@ -137,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("config", help="YAML file holding a mapping of launch_distributed keywords")
     p_run.add_argument("--set", action="append", default=[], metavar="KEY.SUB=VALUE",
                        help="override one keyword or one key of a section (the value read as YAML); repeatable")
+    p_run.add_argument("--import", action="append", default=[], dest="imports", metavar="MODULE_OR_FILE",
+                       help="import a module (or a .py file) first, for the rewards, losses and estimators it "
+                       "registers; repeatable (the YAML key `imports: [...]` does the same)")
     p_run.add_argument("--dry-run", action="store_true",
                        help="check the config and print it resolved (defaults filled in) as JSON, then exit")
     p_run.set_defaults(fn=_run)

@@ -46,7 +46,8 @@ def _registered_names(kind: str) -> Callable[[Any], str]:
     def expect(value: Any) -> str:
         hint = closest(str(value).lower(), algorithms.names(kind))
         return (f"the name of a registered {kind} function, one of {algorithms.names(kind)} (add your own with "
-                f"@register({kind!r}, 'name') where the driver imports it){hint}")
+                f"@register({kind!r}, 'name') where the driver imports it, or give an import path "
+                f"'module:function'){hint}")
     return expect
 
 

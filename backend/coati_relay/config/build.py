@@ -20,6 +20,7 @@ from coati_relay.config.callbacks import check_callbacks, may_stop
 from coati_relay.config.checks import is_int, is_number, is_positive
 from coati_relay.config.colocate import check_colocate
 from coati_relay.config.evaluation import build_evaluation, build_rollout_log
+from coati_relay.config.import_paths import register_algorithm_paths, resolve_callbacks, resolve_reward
 from coati_relay.config.inference import follow_training_precision
 from coati_relay.config.keys import (
     IGNORED_LAUNCH_KEYS,
@@ -85,8 +86,8 @@ def count_prompts(errors: List[str], dataset: Any, tokenizer_path: str, max_prom
 
 def _reward(errors: List[str], grpo: Dict[str, Any], reward_model_config: Optional[Dict[str, Any]]):
     """The run's reward: ColossalChat's ``reward_fn_type`` (required there: 'think_answer_tags', 'boxed' or 'code';
-    a registered reward name is this engine's extension), or the extensions ``reward_fn`` (a callable or a
-    registered name, which wins) and ``reward_model_config``."""
+    a registered reward name is this engine's extension), or the extensions ``reward_fn`` (a callable, a
+    registered name or an import path ``module:function``, which wins) and ``reward_model_config``."""
     from coati_relay.rewards.verifiable import RULE_REWARDS, STRUCTURE_TAG_NAMES
 
     if reward_model_config:
@@ -94,15 +95,18 @@ def _reward(errors: List[str], grpo: Dict[str, Any], reward_model_config: Option
     if "reward_fn" not in grpo and "reward_fn_type" not in grpo:
         errors.append(f"grpo_config needs 'reward_fn_type' (ColossalChat's producer reads it: one of "
                       f"{list(RULE_REWARDS)}), or one of this engine's extensions: grpo_config['reward_fn'] (a "
-                      f"callable or a registered reward name, e.g. 'toy_letter') or reward_model_config")
+                      f"callable, a registered reward name, e.g. 'toy_letter', or an import path "
+                      f"'module:function') or reward_model_config")
         return None
     key = "reward_fn" if "reward_fn" in grpo else "reward_fn_type"
-    reward = grpo[key]
-    if callable(reward) and key == "reward_fn":
+    reward = resolve_reward(errors, key, grpo[key])
+    if reward is None:
+        return None
+    if callable(reward) and (key == "reward_fn" or grpo[key] is not reward):
         return reward
     if not isinstance(reward, str):
         errors.append(f"grpo_config[{key!r}] must be "
-                      f"{'a registered name or a callable' if key == 'reward_fn' else 'a str'}, got "
+                      f"{'a registered name, an import path or a callable' if key == 'reward_fn' else 'a str'}, got "
                       f"{type(reward).__name__}")
         return reward
     if reward == "code" and not grpo.get("code_verifier_api_url"):
@@ -335,7 +339,7 @@ def build_run_config(
     cuda = torch.cuda.is_available()
     _check_launch_keys(errors, ignored)
     trackers = _report_to(errors, report_to)
-    hooks = check_callbacks(errors, callbacks)
+    hooks = check_callbacks(errors, resolve_callbacks(errors, callbacks))
     _positive_int(errors, "save_interval", save_interval)
     tdc = _dict(errors, "train_dataset_config", train_dataset_config)
     imc = _dict(errors, "inference_model_config", inference_model_config)
@@ -362,6 +366,7 @@ def build_run_config(
     batches = _batches(errors, roles, num_episodes, inference_batch_size, inference_microbatch_size,
                        train_batch_size, train_minibatch_size, num_generations, grpo)
     sampling = build_sampling(errors, gen, grpo, roles.inference_backend, core_algo, _prompt_tokens(tdc))
+    register_algorithm_paths(errors, grpo)
     algo = build_algorithm(errors, core_algo, grpo, batches.num_generations)
     if algo is not None and algo.filter_truncated_response and \
             all(gen.get(k) is None for k in ("max_new_tokens", "max_tokens")):
