@@ -464,3 +464,15 @@ def test_truncated_filter_without_max_new_tokens_filters_nothing_as_colossalchat
     width = case["response_width"]
     lengths = [limit if n == width else n for n in case["response_lengths"]]  # the truncated rows, at the limit
     torch.testing.assert_close(engine_loss_mask(cfg, lengths, 4), t(case["loss_mask"]))
+
+
+# The cases whose difference is the loss normalisation alone: with loss_normalization='colossalchat' the engine's step
+# gradient is ColossalChat's.
+NORMALISATION_CASES = [c for c in STEP["cases"] if STEP_ROWS[c["name"]][0] in
+                       (None, "sample_level_step_normalisation", "token_level_minibatch_normalisation")]
+
+
+@pytest.mark.parametrize("case", NORMALISATION_CASES, ids=lambda c: c["name"])
+def test_step_gradient_with_colossalchat_normalisation_is_colossalchat_s(case, paths):
+    engine = engine_step_gradient(case, paths, loss_normalization="colossalchat")
+    assert_gradient(engine, colossalchat_gradient(case), 1.0)
