@@ -24,7 +24,8 @@ RUN_EPILOG = """examples:
   coati-relay run grpo.yaml --import myrewards  # myrewards.py registers rewards with @register_reward
   coati-relay run grpo.yaml --set grpo_config.reward_fn=myrewards:exact  # a reward by import path
 
-exit codes: 0 trained; 1 the run failed (a role died or timed out); 2 the config is wrong (the message says how)"""
+exit codes: 0 trained; 1 the run failed (a role died or timed out); 2 the config is wrong (the message says how);
+  130 stopped by Ctrl-C or SIGTERM (the message names the checkpoint and the resume_from to continue)"""
 
 
 PLOT_EPILOG = """examples:
@@ -91,6 +92,7 @@ def _run(args: argparse.Namespace) -> int:
     from coati_relay.config.import_paths import ImportPathError
     from coati_relay.config.overrides import OverrideError, apply_overrides
     from coati_relay.launch import launch_distributed
+    from coati_relay.observe.interrupt import RunInterrupted
     from coati_relay.observe.metrics import summary_table
     from coati_relay.observe.run_result import RunFailed
     from coati_relay.observe.trackers import run_config_dict
@@ -108,6 +110,10 @@ def _run(args: argparse.Namespace) -> int:
     except RunFailed as exc:
         print(f"coati-relay run: the run failed: {exc}", file=sys.stderr)
         return 1
+    except RunInterrupted as exc:
+        again = f" (coati-relay run {args.config} --set resume_from={exc.resume_from})" if exc.resume_from else ""
+        print(f"coati-relay run: {exc}{again}", file=sys.stderr)
+        return 130
     print(summary_table([result.summary], list(result.summary)))
     print(f"run dir: {result.run_dir}; checkpoints: {result.checkpoints}")
     return 0

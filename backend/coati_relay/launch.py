@@ -21,6 +21,7 @@ from coati_relay.config.build import build_run_config, keyword_names
 from coati_relay.config.keys import IGNORED_LAUNCH_KEYS
 from coati_relay.config.launch_keywords import keywords_doc
 from coati_relay.config.schema import RunConfig
+from coati_relay.observe.interrupt import RunInterrupted, interrupted
 from coati_relay.observe.run_result import CallbackError, RunFailed, RunResult
 
 log = logging.getLogger(__name__)
@@ -115,14 +116,19 @@ def run(cfg: RunConfig) -> RunResult:
     from coati_relay.callbacks import Hooks
 
     hooks = Hooks(cfg.callbacks)
-    if cfg.roles.colocate:
-        from coati_relay.roles.colocated import run_colocated
+    try:
+        if cfg.roles.colocate:
+            from coati_relay.roles.colocated import run_colocated
 
-        start = _start_state(cfg)
-        hooks.run_start(cfg)
-        result = run_colocated(cfg, start, hooks)
-    else:
-        result = _run_disaggregated(cfg, hooks)
+            start = _start_state(cfg)
+            hooks.run_start(cfg)
+            result = run_colocated(cfg, start, hooks)
+        else:
+            result = _run_disaggregated(cfg, hooks)
+    except RunInterrupted:
+        raise
+    except KeyboardInterrupt:  # a second signal, or one before the first round: the run stops where it is
+        raise interrupted(cfg.checkpointing.run_dir, cfg.checkpointing.save_dir) from None
     result.export_dir = export_final(cfg, result)
     if cfg.progress:
         print(result.report(), file=sys.stderr, flush=True)
@@ -230,9 +236,6 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
         for done in evals.flush():
             recorder.evaluated(*done)
         train_s = time.perf_counter() - t_start - setup_s
-    except KeyboardInterrupt:
-        log.warning("interrupted: stopping the run's %d actors and releasing its placement group", len(started))
-        raise
     finally:
         if recorder is not None:
             recorder.close()

@@ -29,6 +29,7 @@ import torch
 from coati_relay.cluster.environ import restore_environ
 from coati_relay.config.schema import RunConfig
 from coati_relay.exchange.publishing import Adapters
+from coati_relay.observe.interrupt import StopOnSignal, interrupted
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,7 @@ def _run(cfg: RunConfig, start: Dict[str, Any], hooks: Any) -> Any:
     recorder = RunRecorder(cfg, start, hooks)
     counters = {"produced": 0, "consumed": 0, "dropped": 0, "in_flight": 0, "produced_samples": 0,
                 "consumed_samples": 0}
+    stop = StopOnSignal("finishing this round and saving a checkpoint").install()
     try:
         for r in range(start_round, cfg.total_rounds):
             t0 = time.perf_counter()
@@ -158,16 +160,19 @@ def _run(cfg: RunConfig, start: Dict[str, Any], hooks: Any) -> Any:
             for key in ("produced", "consumed"):
                 counters[key] += len(made)
                 counters[f"{key}_samples"] += prompts
-            if recorder.round_end(metrics):
+            if recorder.round_end(metrics) or stop.requested:
                 if "checkpoint" not in metrics:
                     metrics["checkpoint"] = consumer.save(consumer.round)
                     hooks.checkpoint(consumer.round, metrics["checkpoint"])
                 break
     finally:
+        stop.restore()
         recorder.close()
         producer.backend_close()
         producer.profiler.close()
         consumer.profiler.close()
+    if stop.requested and consumer.round < cfg.total_rounds:
+        raise interrupted(cfg.checkpointing.run_dir, cfg.checkpointing.save_dir)
     wall_s = time.perf_counter() - t_start - setup_s
     log.info("colocated run %s: %d rounds in %.1fs after %.1fs of set-up", cfg.project_name, len(recorder.history),
              wall_s, setup_s)
