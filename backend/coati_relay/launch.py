@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from coati_relay.cluster.environ import restore_environ
-from coati_relay.config.build import build_run_config, keyword_names
+from coati_relay.config.build import ConfigError, build_run_config, keyword_names
 from coati_relay.config.keys import IGNORED_LAUNCH_KEYS
 from coati_relay.config.launch_keywords import keywords_doc
 from coati_relay.config.schema import RunConfig
@@ -107,7 +107,7 @@ def _start_state(cfg: RunConfig) -> Dict[str, Any]:
 
     state = load_checkpoint(cfg.checkpointing.resume_from, {})
     if int(state.get("round", 0)) >= cfg.total_rounds:
-        raise ValueError(f"resume_from={cfg.checkpointing.resume_from!r} is at round {state.get('round')}, the run "
+        raise ConfigError(f"resume_from={cfg.checkpointing.resume_from!r} is at round {state.get('round')}, the run "
                          f"has only {cfg.total_rounds}; raise num_episodes to train further")
     return state
 
