@@ -139,7 +139,8 @@ def _fmt_number(value: float) -> str:
     return f"{value:.3f}"
 
 
-_PROGRESS_FIELDS = (("reward", "reward"), ("loss", "loss"), ("kl", "kl"), ("samples_per_s", "samples/s"))
+_PROGRESS_FIELDS = (("reward", "reward"), ("loss", "loss"), ("kl", "kl"), ("frac_reward_zero_std", "zero_std"),
+                    ("samples_per_s", "samples/s"))
 
 
 def _fmt_eta(seconds: float) -> str:
@@ -148,8 +149,8 @@ def _fmt_eta(seconds: float) -> str:
 
 
 class ProgressBar:
-    """A driver-side progress display over training steps: the step, reward, loss, KL (where the run has it),
-    samples/s and the time left.
+    """A driver-side progress display over training steps: the step, reward, loss, KL (where the run has it), the
+    fraction of groups whose rewards are all equal (``zero_std``), samples/s and the time left.
 
     On a terminal it is a tqdm bar with those fields. Otherwise (CI logs, captured output, a file) it writes one line
     per step to ``file`` (stderr by default), whatever the logging set-up, e.g.

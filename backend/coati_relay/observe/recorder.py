@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping
 
 from coati_relay.observe.evaluation import training_records
+from coati_relay.observe.flat_rewards import FlatRewardWatch
 from coati_relay.observe.metrics import MetricsLogger, ProgressBar, round_numbers, run_summary
 from coati_relay.observe.round_history import RoundHistory
 from coati_relay.observe.run_result import RunResult
@@ -32,6 +33,7 @@ class RunRecorder:
             self.logger.log(start_round, start["record"])
         self.bar = ProgressBar.for_run(cfg, start_round)
         self.history = RoundHistory()
+        self.flat_rewards = FlatRewardWatch.for_run(cfg)
         self.checkpoints: List[str] = []  # the checkpoints the recorded rounds saved, in order
 
     def round_end(self, record: Dict[str, Any]) -> bool:
@@ -42,6 +44,7 @@ class RunRecorder:
         numbers = round_numbers(record)
         step = int(record["step"])
         logged = self.logger.log(step, numbers)
+        self.flat_rewards.update(step, numbers)
         self.bar.update(step - 1, numbers)
         return self.hooks.round_end(step, logged, record.get("checkpoint"))
 

@@ -155,6 +155,8 @@ class Learner:
         a = self.cfg.algo
         stats: Dict[str, float] = {"reward": batch.rewards.float().mean().item(),
                                    "response_length": batch.response_lengths.float().mean().item()}
+        by_group = batch.rewards.float().view(-1, batch.group_size)  # groups whose rewards are all equal train nothing
+        stats["frac_reward_zero_std"] = (by_group.amax(1) == by_group.amin(1)).float().mean().item()
         if a.filter_range and a.dynamic_batching:
             with self.phases.phase("log-probs", round_):
                 batch = self._dynamic_batch(batch, stats)
