@@ -127,3 +127,20 @@ def test_colocated_run_takes_the_model_path_once(tmp_path, tiny_model_path):
     del kw["inference_model_config"]
     with pytest.raises(ConfigError, match=r"inference_model_config\['path'\] is required"):
         build_run_config(**kw)  # producers on their own need to know what they generate with
+
+
+def test_the_missing_kernels_message_of_bitsandbytes_is_dropped_other_failures_show(caplog):
+    import logging
+
+    from coati_relay.observe import quiet_warnings
+
+    quiet_warnings.install()
+    quiet_warnings.install()  # once is enough, twice is the same
+    log = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    message = ("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure you already "
+               "`pip install kernels` and the kernels >= 0.11.1")
+    with caplog.at_level(logging.WARNING):
+        log.warning(message, ModuleNotFoundError("No module named 'kernels'"))
+        log.warning(message, RuntimeError("hub unreachable"))
+    assert [r.args[0].args[0] for r in caplog.records] == ["hub unreachable"]
+    assert len(log.filters) == 1

@@ -4,6 +4,7 @@ can act on: each matches one known message from one known place, so every other 
 `coati_relay` is imported."""
 from __future__ import annotations
 
+import logging
 import warnings
 
 # (message regex, category, module regex: where the warning is attributed; "" for anywhere)
@@ -18,7 +19,29 @@ KNOWN_NOISE = (
 )
 
 
+# (logger, message start, first argument) of log records: bitsandbytes' CPU backend, on import, where the optional
+# `kernels` package (a faster 4-bit CPU kernel from the Hub) is not installed
+KNOWN_LOG_NOISE = (("bitsandbytes.backends.cpu.ops", "Failed to load CPU gemm_4bit_forward from kernels-community",
+                    "No module named 'kernels'"),)
+
+
+class _DropKnown(logging.Filter):
+    def __init__(self, start: str, arg: str):
+        super().__init__()
+        self.start, self.arg = start, arg
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (str(record.msg).startswith(self.start) and args and str(args[0]) == self.arg)
+
+
+_LOG_FILTERS = {name: _DropKnown(start, arg) for name, start, arg in KNOWN_LOG_NOISE}
+
+
 def install() -> None:
-    """Adds the `KNOWN_NOISE` filters to `warnings` (idempotent: `warnings.filterwarnings` drops duplicates)."""
+    """Adds the `KNOWN_NOISE` filters to `warnings` and the `KNOWN_LOG_NOISE` ones to their loggers (idempotent:
+    `warnings.filterwarnings` drops duplicates, `logging.Logger.addFilter` adds a filter once)."""
     for message, category, module in KNOWN_NOISE:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    for name, log_filter in _LOG_FILTERS.items():
+        logging.getLogger(name).addFilter(log_filter)
