@@ -236,6 +236,9 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
         for done in evals.flush():
             recorder.evaluated(*done)
         train_s = time.perf_counter() - t_start - setup_s
+    except KeyboardInterrupt:
+        log.warning("interrupted: stopping the run's %d actors and releasing its placement group", len(started))
+        raise
     finally:
         if recorder is not None:
             recorder.close()

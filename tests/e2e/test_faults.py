@@ -142,7 +142,7 @@ def test_ctrl_c_stops_every_actor_and_a_second_run_starts(ray_cluster, tiny_mode
         _, stderr = driver.communicate(timeout=60)
     finally:
         driver.kill()
-    assert "KeyboardInterrupt" in stderr and "interrupted: stopping the run's 4 actors" in stderr, \
+    assert "RunInterrupted: stopped at step" in stderr and "interrupted: stopping the run's 4 actors" in stderr, \
         f"exit {driver.returncode} ({interrupted_after} steps logged at the interrupt); stderr:\n{stderr[-2000:]}"
     while run_actors(ray_cluster) and time.monotonic() - t0 < FAULT_TO_ERROR_S:
         time.sleep(0.2)
