@@ -116,9 +116,9 @@ DAPO_KEYS = {"filter_range": [0.01, 0.99], "dynamic_batching": True, "clip_eps_l
 
 def make_config(model_path: str, data_path: str, core_algo: str = "GRPO", consumers: int = 1,
                 train_batch_size: int = 2, microbatch: Optional[int] = None, group_size: int = 2,
-                generate: Optional[Dict] = None, **grpo):
+                generate: Optional[Dict] = None, train_model: Optional[Dict] = None, **grpo):
     """A checked `RunConfig` for one producer (8 prompts a round) and ``consumers`` consumers on the ddp plugin, with
-    the toy reward; DAPO gets `DAPO_KEYS` (``grpo`` overrides them)."""
+    the toy reward; DAPO gets `DAPO_KEYS` (``grpo`` overrides them); ``train_model``: more train_model_config keys."""
     from coati_relay.config.build import build_run_config
 
     grpo_config = {"lr": 1e-2, "reward_fn_type": "toy_letter", **(DAPO_KEYS if core_algo == "DAPO" else {}), **grpo}
@@ -131,7 +131,8 @@ def make_config(model_path: str, data_path: str, core_algo: str = "GRPO", consum
         train_dataset_config={"path": data_path, "max_length": 32, "system_prompt": ""},
         inference_model_config={"path": model_path},
         generate_config={"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0, **(generate or {})},
-        train_model_config={"path": model_path}, grpo_config=grpo_config, plugin_config={"plugin": "ddp"},
+        train_model_config={"path": model_path, **(train_model or {})}, grpo_config=grpo_config,
+        plugin_config={"plugin": "ddp"},
         inference_backend="transformers", num_generations=group_size, core_algo=core_algo, progress=False)
 
 

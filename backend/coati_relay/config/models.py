@@ -100,6 +100,7 @@ def build_models(errors: List[str], roles: Roles, imc: Dict[str, Any], tmc: Dict
                   inference_model_kwargs=engine_kwargs, lora=_lora(errors, tmc.get("lora")),
                   critic_model_path=critic_path, reward_model_path=rm_path,
                   gradient_checkpointing=_flag_key(errors, "train_model_config", "gradient_checkpointing", tmc),
+                  keep_dropout=_flag_key(errors, "train_model_config", "keep_dropout", tmc),
                   train_model_kwargs=from_pretrained_kwargs(errors, "train_model_config", tmc, differences, cuda),
                   tokenizer_kwargs=tokenizer_kwargs)
 

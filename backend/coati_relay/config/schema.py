@@ -217,6 +217,10 @@ class Models:
     gradient_checkpointing: bool = meaning(CC, "the policy's training forwards checkpoint activations "
                                                "(coati_relay.training.booster_backend.load_causal_lm)",
                                            "train_model_config['gradient_checkpointing']", default=False)
+    keep_dropout: bool = meaning(EXT, "keep the models' dropout in training; by default the policy, the reference and "
+                                      "the critic train with every dropout at 0 (ColossalChat leaves it as the model "
+                                      "is configured; coati_relay.training.dropout)",
+                                 "train_model_config['keep_dropout']", default=False)
     train_model_kwargs: Dict[str, Any] = meaning(
         CC, "from_pretrained's keywords for the policy and the reference: 'torch_dtype', 'use_cache', "
             "'use_flash_attention_2' (flash attention where CUDA and flash-attn are), 'attn_implementation', "

@@ -33,6 +33,7 @@ from coati_relay.config.schema import Batches, RunConfig
 from coati_relay.roles.logprobs import response_logprobs
 from coati_relay.rollout import Rollout
 from coati_relay.training.distributed import all_reduce_min, all_reduce_sum
+from coati_relay.training.dropout import disable_dropout
 from coati_relay.training.plugins import plugin_for_plain_module, precision_dtype, with_accumulation
 from coati_relay.training.rank_phases import RankPhases
 from coati_relay.training.schedule import COLOSSALCHAT_MIN_LR_RATIO, colossalchat_cosine_rounds
@@ -103,6 +104,11 @@ class Learner:
                              f"{'a' if kl_weight > 0 else 'no'} reference model")
         if self.spec.needs_critic != (critic is not None):
             raise ValueError(f"{a.algo} trains {'a' if self.spec.needs_critic else 'no'} critic")
+        if not cfg.models.keep_dropout:  # train and eval forwards agree: an unchanged policy's first KL is 0
+            dropped = sum(disable_dropout(m) for m in (policy, reference, critic) if m is not None)
+            if dropped and rank == 0:
+                log.info("dropout off in %d places of the trained models (train_model_config['keep_dropout']=True "
+                         "keeps it)", dropped)
         steps_per_round = cfg.optimizer_steps_per_round * a.ppo_epochs
         total_steps, min_lr_ratio, rounds = cfg.total_rounds * steps_per_round, 0.0, cfg.total_rounds
         if a.lr_scheduler == "colossalchat":  # ColossalChat's cosine, in rounds (`training.schedule`)
