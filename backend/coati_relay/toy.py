@@ -99,7 +99,7 @@ def build_tiny_model(path: Optional[os.PathLike] = None, arch: str = "qwen2", se
     config = tiny_config(arch, vocab_size=len(tokenizer), hidden_size=hidden_size, num_layers=num_layers,
                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return save_model_dir(model, tokenizer, path)
 
 
