@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -118,16 +120,19 @@ CTRL_C_DRIVER = textwrap.dedent("""
 """)
 
 
-def test_ctrl_c_stops_every_actor_and_a_second_run_starts(ray_cluster, tiny_model_path, data, tmp_path,
-                                                          record_property):
-    """A real SIGINT to a driver process: the run's actors and placement group are gone within seconds, and the
-    next run on the same cluster trains."""
+def test_ctrl_c_stops_every_actor_and_the_run_resumes_from_its_checkpoint(ray_cluster, tiny_model_path, data, tmp_path,
+                                                                         record_property):
+    """A real SIGINT to a driver process: one line names the step, the latest checkpoint and the resume_from; the
+    run's actors and placement group are gone within seconds; and a run resumed on the same cluster from that line's
+    resume_from continues from the checkpoint's step."""
     from ray.util.placement_group import placement_group_table
 
     from coati_relay import launch_distributed
+    from coati_relay.config.build import build_run_config
 
     kwargs = small_run(tiny_model_path, data, tmp_path / "interrupted", project_name="ctrl-c",
                        rounds=300)  # far more than can finish before the interrupt, however fast the host
+    per_episode = build_run_config(**kwargs).rounds_per_episode
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     driver = subprocess.Popen([sys.executable, "-c", CTRL_C_DRIVER, ray_cluster.get_runtime_context().gcs_address,
                                repr(kwargs)], stderr=subprocess.PIPE, text=True, env=env)
@@ -142,15 +147,21 @@ def test_ctrl_c_stops_every_actor_and_a_second_run_starts(ray_cluster, tiny_mode
         _, stderr = driver.communicate(timeout=60)
     finally:
         driver.kill()
-    assert "RunInterrupted: stopped at step" in stderr and "interrupted: stopping the run's 4 actors" in stderr, \
+    summary = re.search(r"RunInterrupted: stopped at step (\d+); latest checkpoint (\S+); resume with "
+                        r"resume_from=(\S+)\n", stderr)
+    assert summary and "interrupted: stopping the run's 4 actors" in stderr, \
         f"exit {driver.returncode} ({interrupted_after} steps logged at the interrupt); stderr:\n{stderr[-2000:]}"
     while run_actors(ray_cluster) and time.monotonic() - t0 < FAULT_TO_ERROR_S:
         time.sleep(0.2)
     assert not run_actors(ray_cluster), f"actors left {time.monotonic() - t0:.1f}s after Ctrl-C"
     record_property("interrupt_to_no_actor_s", round(time.monotonic() - t0, 2))
     assert all(pg["state"] == "REMOVED" for pg in placement_group_table().values())
-    again = launch_distributed(**{**kwargs, "num_episodes": 1, "run_dir": str(tmp_path / "again")})
-    assert [h["step"] for h in again.history] == [1, 2]
+    step, checkpoint, resume_from = int(summary[1]), summary[2], summary[3]
+    saved = json.loads((Path(checkpoint) / "state.json").read_text())["step"]
+    assert saved <= step  # a checkpoint after each episode; the driver may log a step after its save
+    resumed = launch_distributed(**{**kwargs, "num_episodes": saved // per_episode + 1, "resume_from": resume_from})
+    assert [h["step"] for h in resumed.history] == list(range(saved + 1, saved + per_episode + 1))
+    assert resumed.history[0]["rollout_version_min"] == saved, "producers start from the checkpoint's weights"
 
 
 def test_run_killed_between_checkpoints_resumes_without_losing_a_step(ray_cluster, tiny_model_path, data, tmp_path):
