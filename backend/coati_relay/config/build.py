@@ -303,6 +303,12 @@ def _data(errors: List[str], tdc: Dict[str, Any], tokenizer_path: str, prompts_p
         errors.append(f"the dataset has {num_prompts} prompts, fewer than one weight version needs "
                       f"(inference_batch_size*num_producers = {prompts_per_version}); lower the batch sizes or add "
                       f"prompts")
+    elif not errors and num_prompts % prompts_per_version:
+        used = num_prompts - num_prompts % prompts_per_version
+        log.warning("the dataset has %d prompts and a round takes %d (inference_batch_size*num_producers): each "
+                    "episode trains on %d of them and leaves %d out (which ones changes with each episode's shuffle); "
+                    "add or drop prompts, or change the batch sizes, to use every one", num_prompts,
+                    prompts_per_version, used, num_prompts - used)
     return Data(dataset=dataset, max_prompt_tokens=max_prompt_tokens, system_prompt=system_prompt,
                 num_prompts=num_prompts)
 
