@@ -34,7 +34,12 @@ def test_grpo_run_writes_tensorboard_and_offline_wandb_equal_to_the_jsonl(tiny_m
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     run_dir = tmp_path / "run"
     with caplog.at_level(logging.WARNING, logger="coati_relay.observe.trackers"):
-        colocated_run(tiny_model_path, data, run_dir, report_to=["tensorboard", "wandb"], project_name="toy trackers")
+        result = colocated_run(tiny_model_path, data, run_dir, report_to=["tensorboard", "wandb"],
+                               project_name="toy trackers")
+    assert result.trackers == {"tensorboard": f"{run_dir / 'tensorboard'} (tensorboard --logdir "
+                                              f"{run_dir / 'tensorboard'})",
+                               "wandb": f"{run_dir}/wandb (offline: wandb sync {run_dir}/wandb/offline-run-*)"}
+    assert "wandb sync" in result.report()
     assert not [r.getMessage() for r in caplog.records if r.name == "coati_relay.observe.trackers"], "no tracker failed"
     want = jsonl_steps(run_dir)
     assert sorted(want) == [1, 2, 3] and {"reward", "loss", "grad_norm", "kl", "response_length",

@@ -21,6 +21,7 @@ class Recorder:
 
     def __init__(self, name="recorder", fail_at=None):
         self.name, self.fail_at = name, fail_at
+        self.where = f"{name}'s files"
         self.steps, self.configs, self.closed = [], [], 0
 
     def log(self, step, metrics):
@@ -112,3 +113,16 @@ def test_config_values_become_json():
     assert json.loads(json.dumps(config)) == {"section": {"path": "a/b", "sizes": [1, 2]},
                                               "reward": "test_config_values_become_json.<locals>.reward",
                                               "inf": "inf", "none": None}
+
+
+def test_the_run_summary_names_where_each_tracker_wrote(tmp_path):
+    from coati_relay.observe.run_result import RunResult
+
+    trackers = open_trackers(["tensorboard"], tmp_path, "p")
+    trackers.close()
+    where = trackers.where["tensorboard"]
+    assert where == f"{tmp_path / 'tensorboard'} (tensorboard --logdir {tmp_path / 'tensorboard'})"
+    assert Trackers([Recorder("a"), Recorder("b")]).where == {"a": "a's files", "b": "b's files"}
+    report = RunResult([], [], tmp_path, {}, {}, trackers=trackers.where).report()
+    assert report.splitlines()[-1].split() == ["tensorboard", str(tmp_path / "tensorboard"), "(tensorboard",
+                                               "--logdir", f"{tmp_path / 'tensorboard'})"]

@@ -63,6 +63,7 @@ class RunRecorder:
         summary = run_summary(training_records(self.logger.history))
         summary.update(setup_s=setup_s, wall_s=wall_s)
         fields.setdefault("checkpoints", self.checkpoints)
+        fields.setdefault("trackers", dict(getattr(self.logger.trackers, "where", {})))
         return RunResult(history=list(self.history), run_dir=self.cfg.checkpointing.run_dir, summary=summary,
                          setup_s=setup_s, stopped_early=self.hooks.stop_at is not None,
                          stopped_at=self.hooks.stop_at, **fields)

@@ -37,9 +37,11 @@ class RunResult:
     stopped_early: bool = False  # a callback raised StopRun (`coati_relay.callbacks`)
     stopped_at: Optional[int] = None  # the step it stopped at, where its last checkpoint is
     export_dir: Optional[Path] = None  # the final policy as a Hugging Face model directory (None: not exported)
+    trackers: Dict[str, str] = field(default_factory=dict)  # report_to's trackers that started -> where they wrote
 
     def report(self) -> str:
-        """A short end-of-run table: run directory, steps, reward start -> end, wall time, checkpoints, export."""
+        """A short end-of-run table: run directory, steps, reward start -> end, wall time, checkpoints, export and
+        where each tracker wrote."""
         s = self.summary
 
         def num(v: Any) -> str:  # three decimals, three significant digits below 0.01
@@ -53,5 +55,6 @@ class RunResult:
             rows.append(("checkpoints", f"{Path(self.checkpoints[-1]).parent} (latest: "
                                         f"{Path(self.checkpoints[-1]).name})"))
         rows.append(("exported model", "-" if self.export_dir is None else str(self.export_dir)))
+        rows += list(self.trackers.items())
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)

@@ -34,6 +34,7 @@ class Tracker(Protocol):
 
     name: str
     fix: str
+    where: str  # where its records go, for the run's summary
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         """Records the metrics of training step ``step`` (NaN for a non-finite value)."""
@@ -57,6 +58,7 @@ class TensorBoardTracker:
 
         self.log_dir = Path(log_dir)
         self.writer = SummaryWriter(log_dir=str(self.log_dir))
+        self.where = f"{self.log_dir} (tensorboard --logdir {self.log_dir})"
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         for key, value in metrics.items():
@@ -98,6 +100,8 @@ class WandbTracker:
                      "`wandb sync %s/wandb/offline-run-*`", run_dir, run_dir)
         self.run = wandb.init(project=project, name=Path(run_dir).name, dir=str(run_dir), mode=mode,
                               reinit="create_new", settings=wandb.Settings(console="off", silent=True))
+        self.where = (getattr(self.run, "url", None) if mode is None else None) or \
+            f"{run_dir}/wandb (offline: wandb sync {run_dir}/wandb/offline-run-*)"
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         self.run.log(dict(metrics), step=step)
@@ -115,6 +119,7 @@ class Trackers:
 
     def __init__(self, trackers: Sequence[Tracker] = ()):
         self.active: List[Tracker] = list(trackers)
+        self.where: Dict[str, str] = {t.name: t.where for t in trackers}  # every one started, failed later or not
 
     def __bool__(self) -> bool:
         return bool(self.active)
