@@ -33,7 +33,7 @@ BOUNDS_KIB_PER_ROUND = {"gcs_server": 25.0, **{role: 40.0 for role in ACTOR_ROLE
 
 
 def test_no_role_of_a_disaggregated_run_grows_with_the_rounds(tmp_path):
-    report = soak("disaggregated", ROUNDS, tmp_path, timeout_s=1200)
+    report = soak("disaggregated", ROUNDS, tmp_path, timeout_s=1200, keep_checkpoints=True)
     saved = list_checkpoints(tmp_path / "run")
     assert [p.name for p in saved] == [f"step-{ROUNDS:06d}"], "one checkpoint, after the last round"
     roles = summarize(report["samples"], warm_up=WARM_UP)

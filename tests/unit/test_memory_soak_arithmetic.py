@@ -58,3 +58,23 @@ def test_trim_heap_returns_freed_memory_on_glibc():
         pytest.skip("malloc_trim is glibc's")
     assert trim_heap() is True
     assert trim_heap() is True, "the second call reuses the loaded C library"
+
+
+@pytest.mark.parametrize("shape, rounds, words", [("weekly", 64, "shape must be one of"),
+                                                  ("many_episodes", 60, "not a multiple of it")])
+def test_a_soak_of_an_unknown_shape_or_a_partial_episode_is_refused(tmp_path, shape, rounds, words):
+    from coati_relay.observe.memory_soak import soak
+
+    with pytest.raises(ValueError, match=words):
+        soak("disaggregated", rounds, tmp_path, shape=shape)
+    assert not (tmp_path / "child.log").exists(), "refused before any run starts"
+
+
+def test_the_many_episode_shape_is_episodes_of_eight_rounds_with_a_checkpoint_each():
+    from coati_relay.checkpoint import save_due
+    from coati_relay.observe.memory_soak import EPISODE_ROUNDS, soak_kwargs
+
+    kw = soak_kwargs("model", "data.jsonl", "run", colocate=False, episodes=250)
+    assert kw["num_episodes"] == 250 and EPISODE_ROUNDS == 8
+    saves = [r for r in range(1, 2001) if save_due(r, EPISODE_ROUNDS, kw["save_interval"])]
+    assert saves == list(range(8, 2001, 8)), "a checkpoint after each episode's last round only"

@@ -25,6 +25,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,17 +42,22 @@ ACTOR_ROLES = {"consumer": "ray::ConsumerWorker", "producer": "ray::ProducerWork
 RAY_DAEMONS = ("gcs_server", "raylet")
 ROLES = ("driver", *ACTOR_ROLES, *RAY_DAEMONS, "ray_other")
 PLACEMENTS = ("colocated", "disaggregated")
+# one_episode: the run is one episode over a file of every round's prompts, one checkpoint at its end;
+# many_episodes: episodes of EPISODE_ROUNDS rounds over one small file, a checkpoint after each (ColossalChat's cadence)
+SHAPES = ("one_episode", "many_episodes")
+EPISODE_ROUNDS = 8
 WARM_UP_FRACTION = 0.2
 PROMPTS_PER_ROUND = 8
 
 
-def soak_kwargs(model_path: str, data_path: str, run_dir: str, rounds: int, colocate: bool) -> Dict[str, Any]:
+def soak_kwargs(model_path: str, data_path: str, run_dir: str, colocate: bool, episodes: int = 1) -> Dict[str, Any]:
     """`launch_distributed` keywords of the soak: GRPO on the toy task, transformers backend, 8 prompts x 4 samples
-    of 8 new tokens a round (two tasks of 4 prompts), one producer and one consumer, no checkpoint during the run:
-    one episode over ``data_path``, which holds ``PROMPTS_PER_ROUND * rounds`` prompts (ColossalChat's cadence saves
-    after each episode's last round, so a file of one round's prompts would checkpoint every round)."""
+    of 8 new tokens a round (two tasks of 4 prompts), one producer and one consumer, ``episodes`` episodes over
+    ``data_path`` and a checkpoint after each episode's last round only (ColossalChat's cadence with no
+    ``save_interval``): a file of ``PROMPTS_PER_ROUND * rounds`` prompts makes one episode with one checkpoint, a
+    file of ``PROMPTS_PER_ROUND * EPISODE_ROUNDS`` prompts a checkpoint every `EPISODE_ROUNDS` rounds."""
     return dict(
-        num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
+        num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=episodes,
         inference_batch_size=PROMPTS_PER_ROUND, inference_microbatch_size=4, train_batch_size=8, train_minibatch_size=8,
         train_dataset_config={"path": data_path, "max_length": 32, "system_prompt": ""},
         inference_model_config={"path": model_path}, train_model_config={"path": model_path},
@@ -191,19 +197,27 @@ def summarize(samples: Dict[str, List[Tuple[int, float]]], warm_up: float = WARM
 
 
 def soak(placement: str, rounds: int, work_dir: Optional[Path] = None, every_s: float = 0.25,
-         timeout_s: float = 3600, env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """Runs ``rounds`` rounds of the toy GRPO soak in ``placement`` in a child process, sampling its tree.
+         timeout_s: float = 3600, env: Optional[Dict[str, str]] = None, shape: str = "one_episode",
+         keep_checkpoints: bool = False) -> Dict[str, Any]:
+    """Runs ``rounds`` rounds of the toy GRPO soak in ``placement`` and ``shape`` (`SHAPES`) in a child process,
+    sampling its tree. The run's checkpoints are removed at the end unless ``keep_checkpoints`` (the many-episode
+    shape writes one per `EPISODE_ROUNDS` rounds, about 40 MB each).
 
-    Returns {"placement", "rounds", "wall_s", "roles": `summarize`'s dict, "samples": role -> [(round, KiB)]}.
-    Raises RuntimeError when the child fails (its output's tail in the message).
+    Returns {"placement", "shape", "rounds", "wall_s", "roles": `summarize`'s dict, "samples": role -> [(round,
+    KiB)]}. Raises RuntimeError when the child fails (its output's tail in the message).
     """
     if placement not in PLACEMENTS:
         raise ValueError(f"soak: placement must be one of {PLACEMENTS}, got {placement!r}")
+    if shape not in SHAPES:
+        raise ValueError(f"soak: shape must be one of {SHAPES}, got {shape!r}")
+    if shape == "many_episodes" and rounds % EPISODE_ROUNDS:
+        raise ValueError(f"soak: the many-episode shape runs episodes of {EPISODE_ROUNDS} rounds; rounds={rounds} "
+                         f"is not a multiple of it")
     work_dir = Path(work_dir or tempfile.mkdtemp(prefix=f"soak-{placement}-"))
     work_dir.mkdir(parents=True, exist_ok=True)
     run_dir = work_dir / "run"
     cmd = [sys.executable, "-m", "coati_relay.observe.memory_soak", "--child", "--placement", placement,
-           "--rounds", str(rounds), "--work-dir", str(work_dir)]
+           "--rounds", str(rounds), "--work-dir", str(work_dir), "--shape", shape]
     # One torch thread in the driver, as launch gives each actor on a 2-core host: on a shared host the colocated
     # run's spinning OpenMP threads slowed it 50-fold, which changes how long a soak takes, not what it holds.
     child_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
@@ -223,25 +237,28 @@ def soak(placement: str, rounds: int, work_dir: Optional[Path] = None, every_s: 
             sampler.stop.set()
             sampler.join()
     wall_s = time.perf_counter() - t0
+    if not keep_checkpoints:
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     if code != 0:
         tail = (work_dir / "child.log").read_text(errors="replace")[-3000:]
         raise RuntimeError(f"soak {placement}: the run's process ended with {code}; its output ends with:\n{tail}")
     done = logged_rounds(run_dir / "metrics.jsonl")
     if done != rounds:
         raise RuntimeError(f"soak {placement}: {done} rounds logged, {rounds} asked")
-    return {"placement": placement, "rounds": rounds, "wall_s": round(wall_s, 1),
+    return {"placement": placement, "shape": shape, "rounds": rounds, "wall_s": round(wall_s, 1),
             "roles": summarize(sampler.samples), "samples": sampler.samples}
 
 
-def _child(placement: str, rounds: int, work_dir: Path) -> None:
+def _child(placement: str, rounds: int, work_dir: Path, shape: str) -> None:
     """The run itself (in the child process): the toy model and data, then `launch_distributed`."""
     from coati_relay import launch_distributed
     from coati_relay.toy import build_tiny_model, write_toy_dataset
 
     model = str(build_tiny_model())
-    data = str(write_toy_dataset(work_dir / "toy.jsonl", num_prompts=PROMPTS_PER_ROUND * rounds))
-    result = launch_distributed(**soak_kwargs(model, data, str(work_dir / "run"), rounds,
-                                              colocate=placement == "colocated"))
+    episode_rounds = rounds if shape == "one_episode" else EPISODE_ROUNDS
+    data = str(write_toy_dataset(work_dir / "toy.jsonl", num_prompts=PROMPTS_PER_ROUND * episode_rounds))
+    result = launch_distributed(**soak_kwargs(model, data, str(work_dir / "run"), colocate=placement == "colocated",
+                                              episodes=rounds // episode_rounds))
     log.info("soak %s: %d rounds, summary %s", placement, len(result.history), result.summary)
 
 
@@ -249,26 +266,29 @@ def format_report(reports: Sequence[Dict[str, Any]]) -> str:
     """A table: one line per placement and role, slope in KiB per round and RSS after the warm-up and at the end."""
     from coati_relay.observe.metrics import summary_table
 
-    rows = [{"placement": r["placement"], "role": role, "KiB/round": s["slope_kib_per_round"],
+    rows = [{"placement": r["placement"], "shape": r.get("shape", "one_episode"), "role": role,
+             "KiB/round": s["slope_kib_per_round"],
              "MiB after warm-up": s["mib_after_warm_up"], "MiB at end": s["mib_end"]}
             for r in reports for role, s in r["roles"].items()]
-    return summary_table(rows, ["placement", "role", "KiB/round", "MiB after warm-up", "MiB at end"])
+    return summary_table(rows, ["placement", "shape", "role", "KiB/round", "MiB after warm-up", "MiB at end"])
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--placement", choices=(*PLACEMENTS, "both"), default="both")
     parser.add_argument("--rounds", type=int, default=2000)
+    parser.add_argument("--shape", choices=SHAPES, default="one_episode")
     parser.add_argument("--work-dir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None, help="JSON report (with every sample)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.child:
-        _child(args.placement, args.rounds, args.work_dir)
+        _child(args.placement, args.rounds, args.work_dir, args.shape)
         return
     placements = PLACEMENTS if args.placement == "both" else (args.placement,)
-    reports = [soak(p, args.rounds, args.work_dir / p if args.work_dir else None) for p in placements]
+    reports = [soak(p, args.rounds, args.work_dir / p if args.work_dir else None, shape=args.shape)
+               for p in placements]
     print(format_report(reports))
     if args.out:
         args.out.write_text(json.dumps(reports))
