@@ -20,7 +20,7 @@ SUBCOMMAND_GROUP = "coati_relay.subcommands"
 RUN_EPILOG = """examples:
   coati-relay run grpo.yaml
   coati-relay run grpo.yaml --set grpo_config.lr=1e-5 --set num_episodes=3
-  coati-relay run grpo.yaml --dry-run          # check and print the resolved config, start nothing
+  coati-relay run grpo.yaml --dry-run          # check; print the config run takes back, resolved values as comments
   coati-relay run grpo.yaml --import myrewards  # myrewards.py registers rewards with @register_reward
   coati-relay run grpo.yaml --set grpo_config.reward_fn=myrewards:exact  # a reward by import path
 
@@ -68,10 +68,10 @@ def _read_config(path: str) -> dict:
     return kwargs
 
 
-def _import_user_modules(kwargs: dict, extra: List[str]) -> None:
+def _import_user_modules(kwargs: dict, extra: List[str]) -> List[str]:
     """Imports the modules of the config's ``imports`` key (popped from ``kwargs``) and of ``--import``, from the
     current directory first, as ``python -m`` does, so that what they register is there before the config is
-    built."""
+    built. Returns them, the key's first."""
     from coati_relay.config.import_paths import ImportPathError, import_user_module
 
     listed = kwargs.pop("imports", None) or []
@@ -83,11 +83,24 @@ def _import_user_modules(kwargs: dict, extra: List[str]) -> None:
         sys.path.insert(0, os.getcwd())
     for spec in [*listed, *extra]:
         import_user_module(spec)
+    return [*listed, *extra]
+
+
+def _dry_run_text(kwargs: dict, imports: List[str], cfg) -> str:
+    """YAML that ``coati-relay run`` takes back: the keywords as read (the file's, after ``--set``; every module
+    imported under ``imports``), then the resolved run config (defaults filled in) as comments."""
+    import yaml
+
+    from coati_relay.observe.trackers import run_config_dict
+
+    keywords = {**kwargs, **({"imports": imports} if imports else {})}
+    resolved = yaml.safe_dump(run_config_dict(cfg), sort_keys=False).splitlines()
+    return (yaml.safe_dump(keywords, sort_keys=False)
+            + "# resolved (defaults filled in, as the run uses them; not read back):\n"
+            + "".join(f"#   {line}\n" for line in resolved))
 
 
 def _run(args: argparse.Namespace) -> int:
-    import json
-
     from coati_relay.config.build import ConfigError, build_run_config
     from coati_relay.config.import_paths import ImportPathError
     from coati_relay.config.overrides import OverrideError, apply_overrides
@@ -95,13 +108,12 @@ def _run(args: argparse.Namespace) -> int:
     from coati_relay.observe.interrupt import RunInterrupted
     from coati_relay.observe.metrics import summary_table
     from coati_relay.observe.run_result import RunFailed
-    from coati_relay.observe.trackers import run_config_dict
 
     try:
         kwargs = apply_overrides(_read_config(args.config), args.set)
-        _import_user_modules(kwargs, args.imports)
+        imports = _import_user_modules(kwargs, args.imports)
         if args.dry_run:
-            print(json.dumps(run_config_dict(build_run_config(**kwargs)), indent=2))
+            print(_dry_run_text(kwargs, imports, build_run_config(**kwargs)), end="")
             return 0
         result = launch_distributed(**kwargs)
     except (ConfigError, ConfigFileError, ImportPathError, OverrideError, TypeError) as exc:
@@ -188,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="import a module (or a .py file) first, for the rewards, losses and estimators it "
                        "registers; repeatable (the YAML key `imports: [...]` does the same)")
     p_run.add_argument("--dry-run", action="store_true",
-                       help="check the config and print it resolved (defaults filled in) as JSON, then exit")
+                       help="check the config and print it as YAML that run takes back (after --set; every "
+                       "--import under imports), with the resolved config as comments; start nothing")
     p_run.set_defaults(fn=_run)
     p_plot = sub.add_parser("plot", help="PNG of reward and loss per step of one or more run dirs",
                             description="Draw reward and loss per step of one or more run directories.",

@@ -2,8 +2,6 @@
 a dry run prints the resolved config and starts nothing."""
 from __future__ import annotations
 
-import json
-
 import pytest
 import yaml
 
@@ -28,12 +26,19 @@ def test_malformed_overrides_say_how_to_write_them(item, message):
         apply_overrides({"num_episodes": 1}, [item])
 
 
-def test_dry_run_prints_the_resolved_config_with_the_override(tmp_path, tiny_model_path, capsys):
+def test_dry_run_prints_a_config_run_takes_back_with_the_resolved_values(tmp_path, tiny_model_path, capsys):
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(small_run_kwargs(tmp_path, tiny_model_path)))
     assert main(["run", str(config), "--set", "grpo_config.lr=0.25", "--dry-run"]) == 0
-    printed = json.loads(capsys.readouterr().out)
-    assert printed["algo"]["lr"] == 0.25
+    printed = capsys.readouterr().out
+    assert yaml.safe_load(printed)["grpo_config"]["lr"] == 0.25, "the override is in the keywords"
+    resolved = yaml.safe_load("\n".join(line[4:] for line in printed.splitlines()[
+        printed.splitlines().index("# resolved (defaults filled in, as the run uses them; not read back):") + 1:]))
+    assert resolved["algo"]["lr"] == 0.25 and resolved["roles"]["num_consumers"] == 1
+    again = tmp_path / "again.yaml"
+    again.write_text(printed)
+    assert main(["run", str(again), "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == yaml.safe_load(printed), "run takes the printed config back"
     assert not (tmp_path / "run").exists(), "a dry run started the run"
 
 

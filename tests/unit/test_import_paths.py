@@ -136,13 +136,16 @@ def test_cli_imports_a_module_that_registers_a_reward(user_file, tmp_path, tiny_
     monkeypatch.chdir(user_file.parent)
     config = _config(tmp_path, tiny_model_path, grpo_config={"reward_fn_type": "import_path_registered"})
     assert main(["run", config, "--import", "arith_user", "--dry-run"]) == 0
-    assert json.loads(capsys.readouterr().out)["reward"] == "import_path_registered"
+    printed = capsys.readouterr().out
+    assert yaml.safe_load(printed)["imports"] == ["arith_user"], "the printed config imports what --import did"
+    assert "#   reward: import_path_registered" in printed.splitlines()
 
 
 def test_cli_takes_the_imports_key_and_a_reward_by_set(user_file, tmp_path, tiny_model_path, capsys):
     config = _config(tmp_path, tiny_model_path, imports=[str(user_file)])
     assert main(["run", config, "--set", f"grpo_config.reward_fn={user_file}:registered", "--dry-run"]) == 0
-    assert "registered" in json.dumps(json.loads(capsys.readouterr().out)["reward"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["grpo_config"]["reward_fn"] == f"{user_file}:registered" and printed["imports"] == [str(user_file)]
 
 
 def test_cli_an_import_that_fails_exits_2_naming_the_module(tmp_path, tiny_model_path, capsys):
