@@ -81,6 +81,24 @@ def _load_weights_on_worker(worker, weights: List[Tuple[str, torch.Tensor]]) -> 
     worker.model_runner.model.load_weights(weights)
 
 
+@contextlib.contextmanager
+def _default_group_kept():
+    """While it is entered, ``torch.distributed.destroy_process_group()`` without a group does nothing; with a group
+    it destroys that group. The in-process engine's shutdown (vLLM's ``cleanup_dist_env_and_memory``) destroys its
+    own groups and then, without a group, every group of the process: a colocated run's trainers lost theirs."""
+    destroy = torch.distributed.destroy_process_group
+
+    def destroy_named(group=None):
+        if group is not None:
+            destroy(group)
+
+    torch.distributed.destroy_process_group = destroy_named
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group = destroy
+
+
 class VLLMBackend:
     """Generates with ``vllm.LLM`` in this process.
 
@@ -151,6 +169,8 @@ class VLLMBackend:
         self.sleeps = bool(kwargs.get("enable_sleep_mode"))
         self.shared = False  # the engine holds its own copy of the weights
         self.asleep = False
+        # a process group that exists before the engine (a colocated run's trainers) is not the engine's to destroy
+        self._group_before = torch.distributed.is_available() and torch.distributed.is_initialized()
         start = time.perf_counter()
         with without_kvcache_env() if sized else contextlib.nullcontext():
             self.llm = vllm.LLM(**kwargs)
@@ -299,6 +319,7 @@ class VLLMBackend:
             return
         engine_core = getattr(self.llm.llm_engine, "engine_core", None)
         if engine_core is not None:
-            engine_core.shutdown()
+            with _default_group_kept() if self._group_before else contextlib.nullcontext():
+                engine_core.shutdown()
         self.llm = None
         self._host_weights = {}
