@@ -104,6 +104,7 @@ def _run(args: argparse.Namespace) -> int:
     from coati_relay.config.build import ConfigError, build_run_config
     from coati_relay.config.import_paths import ImportPathError
     from coati_relay.config.overrides import OverrideError, apply_overrides
+    from coati_relay.config.user_frame import config_file
     from coati_relay.launch import launch_distributed
     from coati_relay.observe.interrupt import RunInterrupted
     from coati_relay.observe.metrics import summary_table
@@ -112,10 +113,11 @@ def _run(args: argparse.Namespace) -> int:
     try:
         kwargs = apply_overrides(_read_config(args.config), args.set)
         imports = _import_user_modules(kwargs, args.imports)
-        if args.dry_run:
-            print(_dry_run_text(kwargs, imports, build_run_config(**kwargs)), end="")
-            return 0
-        result = launch_distributed(**kwargs)
+        with config_file(args.config):  # warnings about the config point at it
+            if args.dry_run:
+                print(_dry_run_text(kwargs, imports, build_run_config(**kwargs)), end="")
+                return 0
+            result = launch_distributed(**kwargs)
     except (ConfigError, ConfigFileError, ImportPathError, OverrideError, TypeError) as exc:
         print(f"coati-relay run: {exc}", file=sys.stderr)
         return 2

@@ -8,7 +8,6 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -36,6 +35,7 @@ from coati_relay.config.run_dir import check_given_run_dir, default_run_dir
 from coati_relay.config.sampling import build_sampling
 from coati_relay.config.schema import AlgorithmConfig, Batches, Checkpointing, Data, Plugin, Roles, RunConfig
 from coati_relay.config.user_code import ByValue, UserCode, UserCodeError, comes_with_engine, module_name, user_entries
+from coati_relay.config.user_frame import warn_at_user
 from coati_relay.inference.factory import BACKEND_NAMES
 
 log = logging.getLogger(__name__)
@@ -425,8 +425,8 @@ class HostDifferenceWarning(RuntimeWarning):
 def warn_host_differences(differences: List[str]) -> None:
     """The one warning of a run that names each difference from ColossalChat's run and what runs instead."""
     if differences:
-        warnings.warn("this run differs from ColossalChat's on this host:\n  - " + "\n  - ".join(differences),
-                      HostDifferenceWarning, stacklevel=4)
+        warn_at_user("this run differs from ColossalChat's on this host:\n  - " + "\n  - ".join(differences),
+                     HostDifferenceWarning)
 
 
 def _rendezvous(errors: List[str], master_addr: Any, master_port: Any) -> None:
