@@ -144,3 +144,22 @@ def test_the_missing_kernels_message_of_bitsandbytes_is_dropped_other_failures_s
         log.warning(message, RuntimeError("hub unreachable"))
     assert [r.args[0].args[0] for r in caplog.records] == ["hub unreachable"]
     assert len(log.filters) == 1
+
+
+def test_vllms_start_up_noise_without_a_tokenizer_is_dropped_other_warnings_show(caplog):
+    import logging
+
+    from coati_relay.observe import quiet_warnings
+
+    quiet_warnings.install()
+    renderer, worker = logging.getLogger("vllm.renderers.base"), logging.getLogger("vllm.v1.worker.cpu_worker")
+    with caplog.at_level(logging.WARNING):
+        for cause in (ValueError("Tokenizer not available when `skip_tokenizer_init=True`"), OSError("disk full")):
+            try:
+                raise cause
+            except Exception:
+                renderer.warning("Chat template warmup failed", exc_info=True)
+        worker.warning("CPU backend doesn't allow to use `torch.set_num_threads` after the thread binding, skip it.")
+        worker.warning("KV cache of 0 bytes")
+    assert [(r.getMessage(), str(r.exc_info[1]) if r.exc_info else None) for r in caplog.records] == [
+        ("Chat template warmup failed", "disk full"), ("KV cache of 0 bytes", None)]

