@@ -129,6 +129,12 @@ def header_lines(comparison: Dict[str, Any]) -> List[str]:
              f"rewriter exit {rw['exit_code']}."
              + (f" Migrated side only: `{' '.join(comparison['migrated_args'])}`." if comparison["migrated_args"]
                 else ""), ""]
+    made = max((len(run["rows"]) for run in comparison["legacy"]), default=0)
+    if 0 < made < comparison["steps_budget"]:
+        lines += [f"The legacy runs made {made} of the {comparison['steps_budget']} steps `--steps` allows, so the "
+                  f"migrated side ran {made}: a legacy script sets its own length from its arguments (how many "
+                  f"batches its makers make, how many episodes its trainers fit). To compare more steps, give the "
+                  f"script a longer run's arguments after `--`.", ""]
     if rw["untranslated"]:
         lines += ["The rewriter could not translate (exit 3):", ""]
         lines += [f"- {text}" for text in rw["untranslated"]]

@@ -47,6 +47,15 @@ def test_report_files_and_content(tmp_path):
     assert "NOTEs that explain no measured number:" in text and "- N2 (rewriter.md#routing)" in text
     assert "| PolicyWorker | 400 | 400 |" in text
     assert "could not translate" not in text and "step for step" not in text
+    assert "The legacy runs made" not in text, "they made the whole budget"
+
+
+def test_a_legacy_run_shorter_than_the_budget_says_how_to_make_it_longer(tmp_path):
+    data = {**comparison([[0.1, 0.2, 0.3]] * 2, [0.1, 0.2, 0.3]), "steps_budget": 20}
+    text = report.render(data)
+    assert ("The legacy runs made 3 of the 20 steps `--steps` allows, so the migrated side ran 3: a legacy script sets "
+            "its own length from its arguments") in text
+    assert "give the script a longer run's arguments after `--`" in text
 
 
 def test_report_says_what_stopped_the_rewriter_and_which_run_failed(tmp_path):
