@@ -14,6 +14,31 @@ logger = logging.getLogger(__name__)
 VALUE_HEAD_FILE = "value_head.pt"
 
 
+class _NoLoadReport(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in str(record.msg)
+
+
+def _load_trunk(auto_model, path: Path, dtype: torch.dtype) -> nn.Module:
+    """The base model of ``path`` (a causal LM's checkpoint, as a rule). Its LM head is the one key the trunk does not
+    take, which transformers' load report shows as a table on every load; only other differences are said, in one
+    warning."""
+    report_logger = logging.getLogger("transformers.modeling_utils")
+    quiet = _NoLoadReport()
+    report_logger.addFilter(quiet)
+    try:
+        base, info = auto_model.from_pretrained(path, dtype=dtype, output_loading_info=True)
+    finally:
+        report_logger.removeFilter(quiet)
+    missing = list(info.get("missing_keys") or [])
+    unexpected = [k for k in info.get("unexpected_keys") or [] if not k.startswith("lm_head.")]
+    mismatched = list(info.get("mismatched_keys") or [])
+    if missing or unexpected or mismatched:
+        logger.warning("critic base model from %s: missing %s, unexpected %s, mismatched %s (freshly initialised "
+                       "where missing)", path, missing[:8], unexpected[:8], mismatched[:8])
+    return base
+
+
 class CriticModel(nn.Module):
     """values[n, s] = value_head(base(input_ids, attention_mask).last_hidden_state[n, s]).
 
@@ -39,7 +64,7 @@ class CriticModel(nn.Module):
         if not (path / "config.json").is_file():
             raise ValueError(f"CriticModel.from_pretrained: {path} holds no config.json; "
                              "pass a directory written by save_pretrained of a transformers model")
-        base = AutoModel.from_pretrained(path, dtype=dtype)
+        base = _load_trunk(AutoModel, path, dtype)
         hidden = base.config.hidden_size
         head = nn.Linear(hidden, 1, dtype=dtype)
         head_file = path / VALUE_HEAD_FILE
