@@ -71,8 +71,10 @@ def tiny_model_path(tmp_path_factory):
 @pytest.fixture
 def cyclic_garbage():
     """``count(fn)``: runs ``fn()`` and returns (its result, how many objects it left as cyclic garbage, which only
-    the collector frees), counted with ``gc.DEBUG_SAVEALL``."""
-    def count(fn):
+    the collector frees), counted with ``gc.DEBUG_SAVEALL``. The collector also finds what other threads of the
+    process left meanwhile (an xdist worker's I/O thread, once 16 objects), so ``fn`` runs up to three times and the
+    fewest count: garbage that ``fn`` itself makes shows in every run."""
+    def once(fn):
         gc.collect()
         gc.set_debug(gc.DEBUG_SAVEALL)
         try:
@@ -82,5 +84,14 @@ def cyclic_garbage():
         finally:
             gc.set_debug(0)
             gc.garbage.clear()
+
+    def count(fn):
+        result, fewest = once(fn)
+        for _ in range(2):
+            if not fewest:
+                break
+            result, garbage = once(fn)
+            fewest = min(fewest, garbage)
+        return result, fewest
 
     return count
