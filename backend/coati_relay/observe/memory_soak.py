@@ -201,7 +201,7 @@ def soak(placement: str, rounds: int, work_dir: Optional[Path] = None, every_s: 
          keep_checkpoints: bool = False) -> Dict[str, Any]:
     """Runs ``rounds`` rounds of the toy GRPO soak in ``placement`` and ``shape`` (`SHAPES`) in a child process,
     sampling its tree. The run's checkpoints are removed at the end unless ``keep_checkpoints`` (the many-episode
-    shape writes one per `EPISODE_ROUNDS` rounds, about 40 MB each).
+    shape writes one per `EPISODE_ROUNDS` rounds, 4.5 MB each on the toy model).
 
     Returns {"placement", "shape", "rounds", "wall_s", "roles": `summarize`'s dict, "samples": role -> [(round,
     KiB)]}. Raises RuntimeError when the child fails (its output's tail in the message).
@@ -266,7 +266,7 @@ def format_report(reports: Sequence[Dict[str, Any]]) -> str:
     """A table: one line per placement and role, slope in KiB per round and RSS after the warm-up and at the end."""
     from coati_relay.observe.metrics import summary_table
 
-    rows = [{"placement": r["placement"], "shape": r.get("shape", "one_episode"), "role": role,
+    rows = [{"placement": r["placement"], "shape": r["shape"], "role": role,
              "KiB/round": s["slope_kib_per_round"],
              "MiB after warm-up": s["mib_after_warm_up"], "MiB at end": s["mib_end"]}
             for r in reports for role, s in r["roles"].items()]

@@ -19,15 +19,17 @@ class _NoLoadReport(logging.Filter):
         return "LOAD REPORT" not in str(record.msg)
 
 
-def _load_trunk(auto_model, path: Path, dtype: torch.dtype) -> nn.Module:
+def _load_trunk(path: Path, dtype: torch.dtype) -> nn.Module:
     """The base model of ``path`` (a causal LM's checkpoint, as a rule). Its LM head is the one key the trunk does not
     take, which transformers' load report shows as a table on every load; only other differences are said, in one
     warning."""
+    from transformers import AutoModel
+
     report_logger = logging.getLogger("transformers.modeling_utils")
     quiet = _NoLoadReport()
     report_logger.addFilter(quiet)
     try:
-        base, info = auto_model.from_pretrained(path, dtype=dtype, output_loading_info=True)
+        base, info = AutoModel.from_pretrained(path, dtype=dtype, output_loading_info=True)
     finally:
         report_logger.removeFilter(quiet)
     missing = list(info.get("missing_keys") or [])
@@ -58,13 +60,11 @@ class CriticModel(nn.Module):
                         seed: int = 0) -> "CriticModel":
         """Loads the base model from ``path``; the value head from ``path/value_head.pt`` when a critic was saved
         there, else a fresh head initialised from ``seed`` (the same head on every rank)."""
-        from transformers import AutoModel
-
         path = Path(path)
         if not (path / "config.json").is_file():
             raise ValueError(f"CriticModel.from_pretrained: {path} holds no config.json; "
                              "pass a directory written by save_pretrained of a transformers model")
-        base = _load_trunk(AutoModel, path, dtype)
+        base = _load_trunk(path, dtype)
         hidden = base.config.hidden_size
         head = nn.Linear(hidden, 1, dtype=dtype)
         head_file = path / VALUE_HEAD_FILE

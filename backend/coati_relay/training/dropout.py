@@ -27,7 +27,7 @@ def disable_dropout(model: nn.Module) -> int:
             module.p = 0.0
         for attr in FLOAT_DROPOUT_ATTRS:
             value = getattr(module, attr, None)
-            if isinstance(value, float) and not isinstance(value, bool):
+            if isinstance(value, float):
                 changed += value > 0
                 setattr(module, attr, 0.0)
     return changed
