@@ -167,6 +167,7 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
     from coati_relay.cluster.placement import on_head_node
     from coati_relay.exchange.queue import make_rollout_queue
     from coati_relay.exchange.shared_weights import remove_shared_weights, shared_weights_path
+    from coati_relay.exchange.sync_registry import weight_sync_spec
     from coati_relay.exchange.weight_store import make_weight_store
     from coati_relay.observe.evaluation import EVAL_KIND, EvalAggregator
     from coati_relay.observe.recorder import RunRecorder
@@ -207,7 +208,7 @@ def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
         hooks.fail = lambda message: supervisor._fail(message, error=CallbackError)
         addr, port, weight_port = supervisor.wait_all([consumers[0].rendezvous.remote()], consumers[:1],
                                                       what="rendezvous")[0]
-        if cfg.roles.weight_sync == "object_store":
+        if weight_sync_spec(cfg.roles.weight_sync).shared_memory:
             shared_weights = shared_weights_path(cfg.project_name)
         setup_refs = ([c.setup.remote(addr, port, weight_port, shared_weights) for c in consumers]
                       + [p.setup.remote(addr, weight_port) for p in producers])

@@ -32,6 +32,7 @@ _PARTS: Dict[str, str] = {
     "save_file": "coati_relay.training.checkpoint_files",
     # inference: sampling on a module the legacy maker holds, and vLLM's sizes
     "SamplingConfig": "coati_relay.config.schema",
+    "backend_spec": "coati_relay.inference",
     "build_backend_on_module": "coati_relay.inference",
     "resolve_backend_name": "coati_relay.inference",
     "NoRoomForEngine": "coati_relay.inference.gpu_share",

@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 
-from coati_relay.config.inference import BACKEND_REFUSED_KEYS, REFUSED_KEYS, VLLM_KEYS
+from coati_relay.config.inference import REFUSED_KEYS, VLLM_KEYS, VLLM_REFUSED_KEYS
 
 pytestmark = pytest.mark.slow
 
@@ -20,6 +20,6 @@ def test_allow_listed_vllm_keys_are_engine_arguments_of_the_installed_vllm():
                   if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)} - {"self"}
     missing = sorted(set(VLLM_KEYS) - fields - llm_params)
     assert not missing, f"vLLM {vllm.__version__} has no engine arguments {missing}: update VLLM_KEYS"
-    refused_here = set(REFUSED_KEYS) | set(BACKEND_REFUSED_KEYS["vllm"])
+    refused_here = set(REFUSED_KEYS) | set(VLLM_REFUSED_KEYS)
     assert refused_here - {"checkpoint_path"} <= fields | llm_params | {"device"}, \
         "the refusals name vLLM's own arguments"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from coati_relay.roles import colocated
+from coati_relay.inference import vllm_spec
 from coati_relay.roles.consumer import ConsumerWorker
 
 pytestmark = pytest.mark.slow
@@ -14,12 +14,12 @@ GIB = 2 ** 30
 
 
 def test_the_engine_takes_a_share_of_what_the_trainer_left():
-    kw = colocated.colocated_engine_kwargs({"enforce_eager": True}, free_bytes=40 * GIB, total_bytes=80 * GIB)
+    kw = vllm_spec.colocated_engine_kwargs({"enforce_eager": True}, free_bytes=40 * GIB, total_bytes=80 * GIB)
     assert kw == {"enforce_eager": True, "enable_sleep_mode": True, "gpu_memory_utilization": 0.42}
     sized = {"gpu_memory_utilization": 0.3, "enable_sleep_mode": False}
-    assert colocated.colocated_engine_kwargs(sized, 40 * GIB, 80 * GIB) == sized, "the user's settings stand"
+    assert vllm_spec.colocated_engine_kwargs(sized, 40 * GIB, 80 * GIB) == sized, "the user's settings stand"
     with pytest.raises(RuntimeError, match="left 2.0 of 80.0 GiB free"):
-        colocated.colocated_engine_kwargs({}, free_bytes=2 * GIB, total_bytes=80 * GIB)
+        vllm_spec.colocated_engine_kwargs({}, free_bytes=2 * GIB, total_bytes=80 * GIB)
 
 
 def test_the_engine_sleeps_while_the_policy_trains_and_wakes_before_the_weights_load(tiny_model_path, tmp_path,

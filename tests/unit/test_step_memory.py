@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from coati_relay.roles.colocated import colocated_engine_kwargs, training_reserve_bytes
+from coati_relay.inference.vllm_spec import colocated_engine_kwargs
+from coati_relay.roles.colocated import training_reserve_bytes
 from coati_relay.training.step_memory import step_state_bytes, trainable_parameters
 
 GB = 10 ** 9

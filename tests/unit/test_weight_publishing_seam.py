@@ -6,10 +6,10 @@ import inspect
 
 import pytest
 
+from coati_relay.exchange.in_process import InProcessPublisher
 from coati_relay.exchange.publishing import WeightPublisher, WeightSubscriber
 from coati_relay.exchange.weight_sync import ObjectStorePublisher, ObjectStoreSubscriber
 from coati_relay.exchange.weight_sync_collective import CollectivePublisher, CollectiveSubscriber
-from coati_relay.roles.colocated import InProcessPublisher
 
 
 def _parameters(fn):

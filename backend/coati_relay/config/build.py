@@ -36,7 +36,8 @@ from coati_relay.config.sampling import build_sampling
 from coati_relay.config.schema import AlgorithmConfig, Batches, Checkpointing, Data, Plugin, Roles, RunConfig
 from coati_relay.config.user_code import ByValue, UserCode, UserCodeError, comes_with_engine, module_name, user_entries
 from coati_relay.config.user_frame import warn_at_user
-from coati_relay.inference.factory import BACKEND_NAMES
+from coati_relay.exchange.sync_registry import find_weight_sync, weight_sync_names
+from coati_relay.inference.registry import backend_names, backend_spec, find_backend
 
 log = logging.getLogger(__name__)
 
@@ -185,22 +186,26 @@ def _roles(errors: List[str], num_producers: Any, num_proc_per_producer: Any, nu
         collective_timeout_s = 60.0
     if on_producer_failure not in ("fail", "continue"):
         errors.append(f"on_producer_failure must be 'fail' or 'continue', got {on_producer_failure!r}")
-    if weight_sync not in ("object_store", "collective"):
-        errors.append(f"weight_sync must be 'object_store' or 'collective', got {weight_sync!r}")
-    elif weight_sync == "collective" and on_producer_failure == "continue":
-        errors.append("weight_sync='collective' needs every producer in every broadcast, so a run cannot go on "
-                      "after one dies: use on_producer_failure='fail' or weight_sync='object_store'")
-    if inference_backend not in BACKEND_NAMES:
-        errors.append(f"inference_backend must be one of {list(BACKEND_NAMES)}, got {inference_backend!r}")
+    sync = find_weight_sync(weight_sync)
+    if sync is None:
+        errors.append(f"weight_sync must be {' or '.join(map(repr, weight_sync_names()))}, got {weight_sync!r}")
+    elif sync.producer_loss is not None and on_producer_failure == "continue":
+        errors.append(f"weight_sync={weight_sync!r} {sync.producer_loss}, so a run cannot go on after one dies: use "
+                      f"on_producer_failure='fail' or weight_sync='object_store'")
+    backend = find_backend(inference_backend)
+    if backend is None:
+        errors.append(f"inference_backend must be one of {list(backend_names())}, got {inference_backend!r}")
     if ppp > 1:
         import torch
 
         if not torch.cuda.is_available():
             errors.append(f"num_proc_per_producer={ppp} asks for tensor-parallel producers, which need GPUs; "
                           f"use 1 on a host without CUDA")
-        if inference_backend != "vllm":
+        if backend is None or not backend.tensor_parallel:
+            sharding = " or ".join(f"inference_backend={n!r}" for n in backend_names()
+                                   if backend_spec(n).tensor_parallel)
             errors.append(f"num_proc_per_producer={ppp} shards each producer's engine over {ppp} GPUs, which only "
-                          f"inference_backend='vllm' does (tensor_parallel_size); use 1 with {inference_backend!r}")
+                          f"{sharding} does (tensor_parallel_size); use 1 with {inference_backend!r}")
     return Roles(num_producers=np_, num_proc_per_producer=ppp, num_consumers=nc, inference_backend=inference_backend,
                  weight_sync=weight_sync, on_producer_failure=on_producer_failure, n_behind=n_behind,
                  timeout_s=float(timeout_s), collective_timeout_s=float(collective_timeout_s), **placement)

@@ -2,15 +2,17 @@
 
 What a colocated run cannot serve is refused here, in the driver, with the setting to change: it has one process
 holding one producer and one consumer rank, generates with the policy being trained (so from the same checkpoint;
-with transformers, the training model itself, in its dtype), and has no weights to send to another process.
+with a backend that generates in place, the training model itself, in its dtype), and has no weights to send to
+another process. What each inference backend and weight sync can do here comes from its spec.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, List
 
-from coati_relay.config.inference import DECODE_KEYS
 from coati_relay.config.schema import Models, Plugin, Roles
+from coati_relay.exchange.sync_registry import find_weight_sync
+from coati_relay.inference.registry import find_backend
 
 
 def check_colocate(errors: List[str], colocate: Any, roles: Roles, models: Models, plugin: Plugin) -> bool:
@@ -26,7 +28,8 @@ def check_colocate(errors: List[str], colocate: Any, roles: Roles, models: Model
         errors.append(f"colocate=True runs one producer and one consumer in one process; more ranks are not "
                       f"implemented yet (got num_producers={roles.num_producers}, num_consumer_procs="
                       f"{roles.num_consumers}): set both to 1, {fix}")
-    if roles.weight_sync != "object_store":
+    sync = find_weight_sync(roles.weight_sync)
+    if sync is None or sync.colocated_publisher is None:
         errors.append(f"weight_sync={roles.weight_sync!r} sends weights to producer processes, which a colocated "
                       f"run has none of (generation reads the trained weights in place): leave weight_sync at "
                       f"'object_store', {fix}")
@@ -41,16 +44,18 @@ def check_colocate(errors: List[str], colocate: Any, roles: Roles, models: Model
         errors.append(f"colocate=True generates with the model being trained, so inference_model_config['path'] "
                       f"({models.model_path}) must be train_model_config['path'] ({models.train_path}): give one "
                       f"path, {fix}")
-    module_keys = sorted(set(models.inference_model_kwargs) - set(DECODE_KEYS))
-    if module_keys and roles.inference_backend == "transformers":
-        errors.append(f"colocate=True with inference_backend 'transformers' generates with the training model itself "
-                      f"(its device and dtype), so inference_model_config takes only 'path' and "
-                      f"{' and '.join(repr(k) for k in DECODE_KEYS)}; got {module_keys}: drop them, {fix}")
+    backend = find_backend(roles.inference_backend)
+    in_place = backend is not None and backend.generates_in_place
+    module_keys = sorted(set(models.inference_model_kwargs) - set(backend.in_place_keys)) if in_place else []
+    if module_keys:
+        errors.append(f"colocate=True with inference_backend {backend.name!r} generates with the training model "
+                      f"itself (its device and dtype), so inference_model_config takes only 'path' and "
+                      f"{' and '.join(repr(k) for k in backend.in_place_keys)}; got {module_keys}: drop them, {fix}")
     if models.lora:
         errors.append(f"colocate=True with train_model_config['lora'] is not implemented yet: train the full model, "
                       f"{fix}")
-    if plugin.name == "gemini" and roles.inference_backend == "transformers":
+    if plugin.name == "gemini" and in_place:
         errors.append(f"plugin 'gemini' keeps the policy's parameters in its own chunks, which generation cannot "
                       f"read in place: use plugin 'ddp' or 'zero2' with colocate=True and inference_backend "
-                      f"'transformers', {fix}")
+                      f"{roles.inference_backend!r}, {fix}")
     return True

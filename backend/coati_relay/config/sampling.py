@@ -19,9 +19,9 @@ from coati_relay.inference.generate_keys import (
     TRANSFORMERS_NATIVE,
     VLLM_FORCED,
     VLLM_SAMPLING_KEYS,
-    classify,
     transformers_generate_keys,
 )
+from coati_relay.inference.registry import find_backend
 
 GENERATE_KEYS = ENGINE_KEYS
 REQUIRED_KEYS = ("temperature", "top_p")
@@ -54,19 +54,21 @@ def _max_new_tokens(errors: List[str], gen: Mapping[str, Any], grpo: Mapping[str
 
 
 def _check_keys(errors: List[str], gen: Mapping[str, Any], backend: str, required: bool) -> Dict[str, Any]:
-    """Classifies every key for ``backend``; returns the keys handed to the backend unchanged."""
+    """Classifies every key for ``backend`` (its spec's ``generate_key``); returns the keys handed to the backend
+    unchanged."""
     if required:
         missing = [k for k in REQUIRED_KEYS if gen.get(k) is None]
         if missing:
             errors.append(f"generate_config needs {' and '.join(map(repr, missing))}: ColossalChat's "
                           f"launch_distributed reads generate_config['temperature'] and ['top_p'] (a KeyError "
                           f"there without them); add e.g. 'temperature': 1.0, 'top_p': 1.0")
-    if backend not in ("transformers", "vllm"):
+    spec = find_backend(backend)
+    if spec is None:
         return {}
     passed: Dict[str, Any] = {}
     valid = [*ENGINE_KEYS, *TRANSFORMERS_NATIVE, *TRANSFORMERS_FORCED, *VLLM_SAMPLING_KEYS]
     for key in sorted(gen):
-        kind, why = classify(backend, key)
+        kind, why = spec.generate_key(key)
         if kind == "error":
             hint = "" if key in VLLM_SAMPLING_KEYS or key in transformers_generate_keys() else closest(key, valid)
             errors.append(f"generate_config has key {key!r}{hint}: {why}")
@@ -142,7 +144,8 @@ def build_sampling(errors: List[str], gen: Dict[str, Any], grpo: Mapping[str, An
     beams = gen.get("num_beams")
     if beams is not None and beams != 1:
         errors.append(f"generate_config['num_beams'] must be 1 (rollouts are sampled, one beam), got {beams!r}")
-    stop_strings = _strings(errors, gen, "stop" if backend == "vllm" else "stop_strings")
+    spec = find_backend(backend)
+    stop_strings = _strings(errors, gen, "stop_strings" if spec is None else spec.stop_key)
     return SamplingConfig(max_new_tokens=max_new, temperature=float(temperature), top_k=top_k, top_p=float(top_p),
                           seed=seed, stop_token_ids=list(stop), ignore_eos=bool(ignore_eos),
                           stop_strings=stop_strings, do_sample=do_sample is not False, options=options)

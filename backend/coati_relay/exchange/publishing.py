@@ -1,10 +1,11 @@
 """The weight-publishing seam: how a trained version leaves the consumer and reaches the producers' engines.
 
-Three pairs fill it, chosen by ``weight_sync`` and the placement: the object store
-(`coati_relay.exchange.weight_sync`: ``ObjectStorePublisher`` / ``ObjectStoreSubscriber``), a collective broadcast
-(`coati_relay.exchange.weight_sync_collective`: ``CollectivePublisher`` / ``CollectiveSubscriber``), and, in a
-colocated run, the engine in the same process (`coati_relay.roles.colocated.InProcessPublisher`, no subscriber).
-The consumer and producer roles call only what is declared here.
+Three pairs fill it, chosen by ``weight_sync`` (its `coati_relay.exchange.sync_registry.WeightSyncSpec`) and the
+placement: the object store (`coati_relay.exchange.weight_sync`: ``ObjectStorePublisher`` /
+``ObjectStoreSubscriber``), a collective broadcast (`coati_relay.exchange.weight_sync_collective`:
+``CollectivePublisher`` / ``CollectiveSubscriber``), and, in a colocated run, the engine in the same process
+(`coati_relay.exchange.in_process.InProcessPublisher`, no subscriber). The consumer and producer roles call only
+what is declared here.
 """
 from __future__ import annotations
 

@@ -15,10 +15,12 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from coati_relay.exchange.in_process import InProcessPublisher
 from coati_relay.exchange.lora_deltas import merge_lora
 from coati_relay.exchange.packing import PackedStateDict
 from coati_relay.exchange.publishing import Adapters
 from coati_relay.exchange.shared_weights import SlotReader, SlotTicket, SlotWriter
+from coati_relay.exchange.sync_registry import WeightSyncSpec, register_weight_sync
 from coati_relay.exchange.weight_store import PublishedWeights
 
 
@@ -106,3 +108,16 @@ class ObjectStoreSubscriber:
         if self.base_weights is None:
             raise RuntimeError("ObjectStoreSubscriber: LoRA-only weights published but no base weights were given")
         return pub.version, merge_lora(self.base_weights, payload)
+
+
+def _publisher(store, *, shared_path: Optional[str], **_: Any) -> ObjectStorePublisher:
+    return ObjectStorePublisher(store, shared_path=shared_path)
+
+
+def _subscriber(store, *, base_weights: Optional[Dict[str, torch.Tensor]], **_: Any) -> ObjectStoreSubscriber:
+    return ObjectStoreSubscriber(store, base_weights=base_weights)
+
+
+SPEC = register_weight_sync(WeightSyncSpec(
+    name="object_store", publisher=_publisher, subscriber=_subscriber, shared_memory=True,
+    colocated_publisher=InProcessPublisher))

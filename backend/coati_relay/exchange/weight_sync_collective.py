@@ -18,13 +18,14 @@ import logging
 import socket
 import threading
 import time
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 from coati_relay.exchange.lora_deltas import merge_lora
 from coati_relay.exchange.packing import flatten_state_dict, unflatten_state_dict
+from coati_relay.exchange.sync_registry import WeightSyncSpec, register_weight_sync
 from coati_relay.training.rendezvous import join_store
 
 log = logging.getLogger(__name__)
@@ -206,3 +207,17 @@ def _dtype(name: str) -> torch.dtype:
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"collective weight sync: unknown dtype {name!r}")
     return dtype
+
+
+def _publisher(store, *, tcp_store: dist.TCPStore, members: int, timeout_s: float, **_: Any) -> CollectivePublisher:
+    return CollectivePublisher(store, tcp_store, members, timeout_s)
+
+
+def _subscriber(store, *, addr: str, port: int, rank: int, members: int, first_version: int, timeout_s: float,
+                base_weights: Optional[Dict[str, torch.Tensor]], **_: Any) -> CollectiveSubscriber:
+    return CollectiveSubscriber(store, addr, port, rank, members, first_version, timeout_s, base_weights)
+
+
+SPEC = register_weight_sync(WeightSyncSpec(
+    name="collective", publisher=_publisher, subscriber=_subscriber, needs_port=True,
+    producer_loss="needs every producer in every broadcast"))

