@@ -12,7 +12,8 @@ padding and columns not written; the model's forward takes K = the cache's lengt
 ``positions`` are the fed tokens' rotary positions, ``column`` (LongTensor [1], or None for the cache's length) the
 column written, which a static cache's forward needs. Both steps read the model's parameters where they are: weight
 loads and optimizer steps in place are seen by the next call. The fused step also keeps the concatenated projections
-(`FusedStep.refresh`, once per generate call), a second copy of about three quarters of the decoder's weights.
+(`FusedStep.refresh`, once per generate call), a second copy of about three quarters of the decoder's weights, which
+`FusedStep.release` frees. Its attention scores are float32 in every dtype, as SDPA keeps them.
 """
 from __future__ import annotations
 
@@ -33,6 +34,17 @@ class ModelStep:
 
     def refresh(self) -> None:
         """Nothing to copy: the forward reads the parameters."""
+
+    def release(self) -> None:
+        """Nothing held."""
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """Grouped-query attention of one token. q: [rows, kv_heads, group, d]; keys, values: [rows, kv_heads, K, d];
+        bias: float32 [rows, 1, 1, K] (0 or -inf). The scores [rows, kv_heads, group, K] are float32 whatever the
+        model's dtype, as SDPA keeps them (bfloat16 scores would round a sharp attention's logits by up to 1/256 of
+        their size). Returns [rows, kv_heads, group, d] in q's dtype."""
+        scores = torch.matmul(q.float(), keys.transpose(-1, -2).float()) * self.scale + bias
+        return torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), values)
 
     def __call__(self, feed: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Cache,
                  column: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -116,6 +128,10 @@ class FusedStep:
                     self._qkv_bias.append(None)
                 self._set(self._gate_up, i, [m.gate_proj.weight, m.up_proj.weight])
 
+    def release(self) -> None:
+        """Frees the concatenated projections (while a colocated run trains); `refresh` makes them again."""
+        self._qkv, self._qkv_bias, self._gate_up = [], [], []
+
     @staticmethod
     def _set(buffers: List[torch.Tensor], i: int, parts: List[torch.Tensor]) -> None:
         if len(buffers) <= i:
@@ -134,13 +150,21 @@ class FusedStep:
         half = x.size(-1) // 2
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """Grouped-query attention of one token. q: [rows, kv_heads, group, d]; keys, values: [rows, kv_heads, K, d];
+        bias: float32 [rows, 1, 1, K] (0 or -inf). The scores [rows, kv_heads, group, K] are float32 whatever the
+        model's dtype, as SDPA keeps them (bfloat16 scores would round a sharp attention's logits by up to 1/256 of
+        their size). Returns [rows, kv_heads, group, d] in q's dtype."""
+        scores = torch.matmul(q.float(), keys.transpose(-1, -2).float()) * self.scale + bias
+        return torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), values)
+
     def __call__(self, feed: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Cache,
                  column: Optional[torch.Tensor] = None) -> torch.Tensor:
         rows, d, kv, group = feed.size(0), self.head_dim, self.kv_heads, self.heads // self.kv_heads
         q_width, kv_width = self.heads * d, kv * d
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
-        bias = torch.zeros(mask.shape, dtype=self.cos.dtype, device=mask.device).masked_fill_(mask == 0, float("-inf"))
-        bias = bias[:, None, None]  # [rows, 1, 1, K]
+        bias = torch.zeros(mask.shape, device=mask.device).masked_fill_(mask == 0, float("-inf"))
+        bias = bias[:, None, None]  # [rows, 1, 1, K], float32
         x = self.embed(feed)  # [rows, H]
         for i, layer in enumerate(self.layers):
             a = layer.self_attn
@@ -149,8 +173,7 @@ class FusedStep:
             k = self._rotate(y[:, q_width:q_width + kv_width].view(rows, kv, d), cos, sin)
             keys, values = cache.layers[i].update(k[:, :, None], y[:, q_width + kv_width:].view(rows, kv, 1, d))
             keys, values = keys[:, :, :mask.size(1)], values[:, :, :mask.size(1)]  # a static cache's first K
-            scores = torch.matmul(q.view(rows, kv, group, d), keys.transpose(-1, -2)) * self.scale + bias
-            attended = torch.matmul(torch.softmax(scores.float(), dim=-1).to(q.dtype), values)  # [rows, kv, group, d]
+            attended = self.attend(q.view(rows, kv, group, d), keys, values, bias)
             x = x + a.o_proj(attended.reshape(rows, q_width))
             gate, up = F.linear(self._rms(x, layer.post_attention_layernorm), self._gate_up[i]).chunk(2, dim=-1)
             x = x + layer.mlp.down_proj(F.silu(gate) * up)

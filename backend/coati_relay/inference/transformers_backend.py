@@ -187,7 +187,13 @@ class TransformersBackend:
         logger.debug("loaded %d tensors as weight version %d", len(tensors), version)
 
     def sleep(self) -> None:
-        """Nothing to free: the model stays where it is (``sleeps`` is False)."""
+        """Frees what decoding holds beside the model (the fused step's concatenated projections, the captured path's
+        buckets) while a colocated run trains; the next `generate` makes them again. The model stays where it is, so
+        no `wake_up` is needed (``sleeps`` is False)."""
+        if self.step is not None:
+            self.step.release()
+        if self.captured is not None:
+            self.captured.release()
 
     def wake_up(self) -> None:
         """Nothing to take back (``sleeps`` is False)."""
