@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from coati_relay.training import booster_backend
+from coati_relay.training import booster_backend, finite_checks
 from coati_relay.training.booster_backend import TrainingBackend
 from coati_relay.training.finite_checks import NonFiniteTrainingError
 from coati_relay.training.gemini_guards import (
@@ -185,6 +185,37 @@ def test_the_backend_refuses_a_step_on_gradients_gemini_found_non_finite():
     with pytest.raises(NonFiniteTrainingError, match="Gemini's gradient chunks.*not applied"):
         backend.step()
     assert torch.equal(model.weight, before)
+
+
+def fp16_mixin(optimizer, overflow: bool, scale: float, min_scale: float = 1.0):
+    """Stands for what GeminiOptimizer's fp16 mixin holds after its step: the ranks' overflow verdict and the loss
+    scaler (colossalai 0.5's ``found_overflow``, ``grad_scaler.scale`` and ``grad_scaler._min_scale``)."""
+    optimizer.mix_precision_mixin = SimpleNamespace(
+        found_overflow=torch.tensor([float(overflow)]),
+        grad_scaler=SimpleNamespace(scale=torch.tensor([scale]), _min_scale=torch.tensor([min_scale])))
+
+
+def test_fp16_skips_are_logged_and_a_skip_at_the_smallest_loss_scale_stops_the_run(caplog):
+    """Gemini skips an fp16 step whose gradients overflowed and halves its loss scale; at its minimum every later
+    step is skipped too, and the run would train nothing without a word."""
+    backend, model = backend_with_guard(gemini_model(), {"precision": "fp16"})
+    for i, scale in enumerate([2.0 ** 15, 2.0 ** 14, 2.0 ** 13, 2.0 ** 12]):
+        fp16_mixin(backend.optimizer, overflow=True, scale=scale)
+        backend.backward(loss_of(model))
+        with caplog.at_level("INFO", logger=finite_checks.__name__):
+            backend.step()
+        backend.zero_grad()
+    assert backend.gemini_guard.skipped_in_a_row == 4
+    assert [r.levelname for r in caplog.records if "skipped the step" in r.message] == ["INFO"] * 3 + ["WARNING"]
+    fp16_mixin(backend.optimizer, overflow=False, scale=2.0 ** 12)
+    backend.backward(loss_of(model))
+    backend.step()
+    assert backend.gemini_guard.skipped_in_a_row == 0
+    backend.zero_grad()
+    fp16_mixin(backend.optimizer, overflow=True, scale=1.0)
+    backend.backward(loss_of(model))
+    with pytest.raises(NonFiniteTrainingError, match="smallest loss scale.*trains nothing.*bf16"):
+        backend.step()
 
 
 def test_a_backend_that_gemini_holds_gets_the_guard_and_the_alias_hook(monkeypatch):

@@ -26,7 +26,7 @@ from coati_relay.cluster.devices import accelerator_device
 
 from . import checkpoint_files
 from .distributed import ensure_single_process_group
-from .finite_checks import check_gradient_chunks, check_losses, check_weights
+from .finite_checks import check_gradient_chunks, check_losses, check_overflow_skip, check_weights
 from .gemini_guards import GEMINI, AliasLoad, GeminiStepGuard
 from .master_weights import find_master_optimizer, with_master_weights
 from .model_description import is_peft, save_description
@@ -313,6 +313,10 @@ class TrainingBackend:
         self.steps_done += 1
         if self.gemini_guard is not None:
             self.gemini_guard.stepped()
+            skip = self.gemini_guard.overflow_skip(self.optimizer)
+            if self.check_finite:
+                check_overflow_skip(self.steps_done, self.name, skip, self.gemini_guard.skipped_in_a_row,
+                                    self.optimizer)
         elif self.check_finite:
             check_weights(self.steps_done, {self.name: self.model}, {self.name: self.optimizer})
         return {"grad_norm": grad_norm, "lr": lr}

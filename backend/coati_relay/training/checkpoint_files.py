@@ -84,12 +84,27 @@ def _fsync_tree(path: str) -> None:
         _fsync_dir(root)
 
 
+# Seconds the other ranks wait for rank 0 to finish writing and renaming a gathered checkpoint.
+SAVE_BARRIER_S = 1800.0
+
+
+def gathers_on_every_rank(io: Any) -> bool:
+    """Whether ``io``'s saves are collectives (Gemini, LowLevelZero, hybrid parallel: every rank must call them),
+    rather than torch DDP's or the general IO's writes from rank 0, which a script may call on rank 0 alone."""
+    from colossalai.booster.plugin.torch_ddp_plugin import TorchDDPCheckpointIO
+    from colossalai.checkpoint_io import GeneralCheckpointIO
+
+    return type(io) not in (GeneralCheckpointIO, TorchDDPCheckpointIO)
+
+
 def booster_save(io: Any, what: str, obj: Any, path: str, shard: bool, **kwargs: Any) -> None:
     """``io.save_model``/``io.save_optimizer`` (a booster's checkpoint IO; every rank calls it) written atomically:
     into ``.saving.<name>`` beside ``path``, then fsynced and renamed over ``path`` by rank 0, so a kill mid-write
     leaves the previous checkpoint whole. A directory already at ``path`` is moved aside (``.replaced.<name>``) for
     the rename and removed after it. Rank 0 is the only writer: the IOs of the data-parallel plugins this engine
-    runs gather the state there (no barrier is added, so a script that saves from rank 0 alone still can)."""
+    runs gather the state there. Where that gather is a collective (`gathers_on_every_rank`), the ranks then wait
+    for rank 0's rename (at most `SAVE_BARRIER_S`), so a load that follows on any rank finds the file; torch DDP's
+    and the general IO add no wait, so a script that saves from rank 0 alone still can."""
     path = os.path.abspath(os.fspath(path))
     save = getattr(io, f"save_{what}")
     if kwargs.get("use_async"):  # the IO finishes the file later: nothing to rename yet
@@ -119,6 +134,13 @@ def booster_save(io: Any, what: str, obj: Any, path: str, shard: bool, **kwargs:
         else:
             os.replace(tmp, path)
         _fsync_dir(directory)
+    if gathers_on_every_rank(io):
+        from coati_relay.training.distributed import barrier
+
+        try:
+            barrier(SAVE_BARRIER_S)
+        except RuntimeError as e:
+            raise RuntimeError(f"save_{what}: waiting for every rank after rank 0 wrote {path}: {e}") from e
 
 
 def _remove(path: str) -> None:

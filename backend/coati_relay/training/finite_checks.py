@@ -5,17 +5,23 @@ sampling ("probability tensor contains inf/nan"), far from the step that caused 
 every ``backward`` (the loss, before its backward: one host sync) and every ``step`` (the weights, after the
 optimizer step: one reduction per tensor and one host sync); ``check_finite=False`` turns them off. A model that
 Gemini holds is never read parameter by parameter (its chunks may be freed outside its hooks): its step is checked
-before it is applied, from the count of non-finite gradient chunks Gemini keeps (`check_gradient_chunks`).
+before it is applied, from the count of non-finite gradient chunks Gemini keeps (`check_gradient_chunks`); under
+fp16, where Gemini skips such a step itself, each skip is logged and a skip at the smallest loss scale is an error
+(`check_overflow_skip`).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import fields, is_dataclass
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
 
 from .master_weights import LOW_PRECISION, all_finite, find_master_optimizer
+
+log = logging.getLogger(__name__)
+SKIPS_WARNED = 4  # fp16 steps skipped in a row from which each skip is a warning (the first few are the scale's search)
 
 
 class NonFiniteTrainingError(FloatingPointError):
@@ -85,3 +91,22 @@ def check_gradient_chunks(step: int, name: str, non_finite_chunks: int, optimize
         f"training step {step}: the {name}'s gradients hold inf/NaN ({non_finite_chunks} of Gemini's gradient "
         f"chunks); likely cause: the backward overflowed (learning rates {learning_rates(optimizer)}, or a loss "
         "too large for bf16). The step was not applied.")
+
+
+def check_overflow_skip(step: int, name: str, skip: Optional[Tuple[float, float]], in_a_row: int,
+                        optimizer: Optional[Any]) -> None:
+    """After training step ``step`` under fp16 Gemini: ``skip`` = ``(loss scale, its minimum)`` when Gemini skipped
+    the step for an overflow (`GeminiStepGuard.overflow_skip`). Logs the skip (a warning from `SKIPS_WARNED` in a
+    row on), and raises `NonFiniteTrainingError` once the scale is at its minimum: no later step can apply."""
+    if skip is None:
+        return
+    scale, minimum = skip
+    if scale <= minimum:
+        raise NonFiniteTrainingError(
+            f"training step {step}: the {name}'s fp16 gradients overflowed at Gemini's smallest loss scale ({scale:g}),"
+            f" {in_a_row} steps skipped in a row: no step can apply, so the run trains nothing. Likely cause: the "
+            f"loss or the learning rates ({learning_rates(optimizer)}) are too large for fp16; train in bf16 "
+            "(precision='bf16') or lower them.")
+    log.log(logging.WARNING if in_a_row >= SKIPS_WARNED else logging.INFO,
+            "training step %d: the %s's fp16 gradients overflowed; Gemini skipped the step and its loss scale is now "
+            "%g (%d steps skipped in a row)", step, name, scale, in_a_row)

@@ -11,14 +11,14 @@ outside Gemini's own forward, backward, ``state_dict`` and optimizer step:
 - `GeminiStepGuard`: without ``enable_gradient_accumulation`` Gemini writes a backward's gradients over the
   low-precision weights until the optimizer step, so a second backward before the step trains on gradients as
   weights; the guard counts them and refuses the second. Non-finite gradients come from Gemini's own overflow
-  counter (fp16: Gemini skips the step and backs off its loss scale; bf16: the guard refuses the step), not from
-  reading the weights.
+  counter (fp16: Gemini skips the step and backs off its loss scale, and the guard reads each skip; bf16: the guard
+  refuses the step), not from reading the weights.
 - `releases_parameters`: whether Gemini scatters the model's chunks (then sampling from its parameters is refused).
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 from torch import nn
@@ -113,6 +113,7 @@ class GeminiStepGuard:
         self.skips_overflow = options.get("precision") == "fp16"  # Gemini's loss scaler skips such steps
         self.backwards = 0
         self._overflows_seen = 0
+        self.skipped_in_a_row = 0  # fp16: steps Gemini skipped for an overflow since the last one it applied
 
     def before_backward(self) -> None:
         """Raises `GradientAccumulationError` at a second backward since the step when Gemini cannot accumulate."""
@@ -133,6 +134,22 @@ class GeminiStepGuard:
         seen = int(self.model.chunk_manager.overflow_counter.sum().item())
         new, self._overflows_seen = seen - self._overflows_seen, seen
         return new
+
+    def overflow_skip(self, optimizer: Any) -> Optional[Tuple[float, float]]:
+        """Under fp16, after the optimizer step: ``(loss scale now, its minimum)`` when Gemini skipped that step for
+        an overflow (its loss scaler's verdict, agreed over the ranks: ``found_overflow``), else None; counts
+        `skipped_in_a_row`. None under bf16, and for an optimizer without Gemini's fp16 mixin."""
+        mixin = getattr(optimizer, "mix_precision_mixin", None)
+        found = getattr(mixin, "found_overflow", None)
+        if not self.skips_overflow or found is None:
+            return None
+        if not bool(found.item() > 0):
+            self.skipped_in_a_row = 0
+            return None
+        self.skipped_in_a_row += 1
+        scaler = mixin.grad_scaler
+        minimum = getattr(scaler, "_min_scale", None)  # a tensor [1], or None for no floor
+        return float(scaler.scale.item()), 0.0 if minimum is None else float(minimum)
 
     def stepped(self) -> None:
         self.backwards = 0
