@@ -178,20 +178,22 @@ def run_engine(model: str, steps: int, work_dir: Path, backend: str, colocate: b
 
 def _moved_and_finite(initial: str, trained: Any) -> Dict[str, Any]:
     """How many parameters moved from the initial checkpoint and whether all are finite (``trained``: a model, on any
-    device, or a checkpoint directory the engine wrote, holding ``policy/model.pt``; None when the run saved
-    nothing). Compared on the CPU in float32."""
+    device, whose devices are recorded as ``devices``, or a checkpoint directory the engine wrote, holding
+    ``policy/model.pt``; None when the run saved nothing). Compared on the CPU in float32."""
     import torch
     from transformers import AutoModelForCausalLM
 
     if trained is None:
         return {"checked": False}
     before = AutoModelForCausalLM.from_pretrained(initial, dtype=torch.float32).state_dict()
+    where = {}
     if isinstance(trained, torch.nn.Module):
+        where = {"devices": sorted({str(p.device) for p in trained.parameters()})}  # where the side trained it
         after = {k: v.detach().to("cpu", torch.float32) for k, v in trained.state_dict().items()}
     else:
         after = torch.load(Path(trained) / "policy" / "model.pt", map_location="cpu")
     shared = [k for k in before if k in after]
-    return {"checked": True, "tensors": len(shared),
+    return {"checked": True, "tensors": len(shared), **where,
             "moved": sum(not torch.equal(before[k], after[k].float()) for k in shared),
             "finite": all(bool(torch.isfinite(after[k]).all()) for k in shared)}
 

@@ -1,9 +1,10 @@
 """The captured decode path on CUDA (``compiled_decode``: ``torch.compile`` with CUDA graphs): the 69M Qwen2 (hidden
 1024, 8 layers) at batch 64 and 128 new tokens, beside the decode loop over the model's forward and over the fused
 step in the same process. Prints the per-token times, the compile time and the ratio; the target is at most 1.5 ms
-per token on an H100 (the loop over the model's forward: about 8 ms). Then issue 38's pair against TRL: the 128-token
-vs-TRL setting on the same model, TRL on the GPU beside the colocated engine decoding through the captured step;
-on an H100 the engine is held to at most 0.35x TRL's s/step and 0.6x its whole run."""
+per token on an H100 (the loop over the model's forward: about 8 ms), held on any device as a ratio to that loop
+measured in the same run. Then issue 38's pair against TRL: the 128-token vs-TRL setting on the same model, TRL on
+the GPU beside the colocated engine decoding through the captured step; the engine is held to at most 0.35x TRL's
+s/step and 0.6x its whole run, both measured on the same device."""
 from __future__ import annotations
 
 import json
@@ -25,7 +26,7 @@ from coati_relay.toy import build_tiny_model
 pytestmark = MARKS
 
 ROWS, PER_PROMPT, NEW_TOKENS = 64, 8, 128
-TARGET_S = 1.5e-3  # per token on an H100
+LOOP_RATIO = 0.25  # the captured step's time per token over the model-forward loop's (1.5 ms over ~8 ms on an H100)
 PEER = Path(__file__).resolve().parents[2] / "benchmarks" / "peer_grpo.py"
 PAIR_STEPS = 10
 STEP_RATIO, WHOLE_RATIO = 0.35, 0.6  # the engine against TRL on an H100: s/step, whole run
@@ -56,9 +57,7 @@ def test_captured_step_beats_the_loop_on_cuda():
     print(f"loop {loop * 1e3:.2f} ms/token, fused step {fused * 1e3:.2f}, "
           f"captured {captured * 1e3:.2f} ms/token ({captured / loop:.2f}x), "
           f"compile {compile_s:.1f} s, device {torch.cuda.get_device_name()}")
-    assert captured < loop
-    if "H100" in torch.cuda.get_device_name():
-        assert captured <= TARGET_S, f"{captured * 1e3:.2f} ms per token on an H100, above the 1.5 ms target"
+    assert captured <= LOOP_RATIO * loop, f"captured {captured * 1e3:.2f} ms per token, loop {loop * 1e3:.2f} ms"
 
 
 def _side(side, model: str, out: Path) -> dict:
@@ -86,6 +85,6 @@ def test_the_128_token_pair_against_trl_with_the_captured_step(tmp_path):
     print(f"128 tokens, 69M: engine {step['engine']:.3f} s/step, whole {engine['whole_run_s']:.1f} s; TRL "
           f"{step['trl']:.3f} s/step, whole {trl['whole_run_s']:.1f} s; ratios {step['engine'] / step['trl']:.2f} "
           f"and {engine['whole_run_s'] / trl['whole_run_s']:.2f}; device {torch.cuda.get_device_name()}")
-    if "H100" in torch.cuda.get_device_name():
-        assert step["engine"] <= STEP_RATIO * step["trl"]
-        assert engine["whole_run_s"] <= WHOLE_RATIO * trl["whole_run_s"]
+    assert all(d.startswith("cuda") for d in trl["params"]["devices"]), trl["params"]
+    assert step["engine"] <= STEP_RATIO * step["trl"]
+    assert engine["whole_run_s"] <= WHOLE_RATIO * trl["whole_run_s"]

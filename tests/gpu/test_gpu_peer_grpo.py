@@ -31,4 +31,6 @@ def test_the_side_trains_on_the_gpu_and_records_its_peak(tiny_model_path, tmp_pa
     assert result.get("gpu_peak_gib", 0) > 0, f"no GPU peak: the side did not train on the GPU ({result})"
     params = result["params"]
     assert params["checked"] and params["finite"] and params["moved"] > 0, params
+    if side[0] == "trl":  # the model TRL trained, read where it was: every parameter on the GPU
+        assert params["devices"] and all(d.startswith("cuda") for d in params["devices"]), params
     assert len(result["steps"]) == 2

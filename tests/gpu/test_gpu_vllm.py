@@ -97,3 +97,25 @@ def test_a_sleeping_engine_frees_its_gpu_memory_and_generates_as_before_once_wok
         engine.close()
     assert free_asleep > free_awake + 2 ** 28, (free_awake, free_asleep)  # its KV cache at least
     assert torch.equal(before.response_ids, after.response_ids), "the same seed and weights after waking"
+
+
+def test_with_cuda_graphs_an_engine_reloaded_after_sleep_generates_with_the_trained_weights(tiny_model_path):
+    """The colocated sequence on the default engine (CUDA graphs, no ``enforce_eager``): generate, sleep while the
+    policy trains, wake, load the trained weights; the rollout after the reload is the trained policy's."""
+    needs_vllm()
+    from coati_relay.inference import VLLMBackend
+
+    engine = VLLMBackend(tiny_model_path, SamplingConfig(max_new_tokens=24, temperature=1.0, seed=3),
+                         dtype="float32", enable_sleep_mode=True, gpu_memory_utilization=0.2)
+    trained = _hf(build_tiny_model(seed=1))
+    try:
+        engine.generate(PROMPTS, 2)
+        engine.sleep()
+        engine.wake_up()
+        engine.load_weights(1, {k: v.cpu() for k, v in trained.state_dict().items()})
+        after = engine.generate(PROMPTS, 4)
+    finally:
+        engine.close()
+    assert after.weight_version == 1
+    assert _max_diff(trained, after) < TOLERANCE
+    assert _max_diff(_hf(tiny_model_path), after) > 50 * TOLERANCE, "the rollout is of the weights before the load"
