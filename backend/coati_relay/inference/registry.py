@@ -39,8 +39,9 @@ class BackendSpec:
     run_sizing: ``run_sizing(rows, prompt_tokens)`` -> keywords sizing its engine to the run (the rows of one
       generate call, the prompts' width); None: it needs none. An engine sized so takes no longer prompts or
       responses than the training ones.
-    fit_beside_trainer: ``fit_beside_trainer(kwargs, reserve_bytes)`` -> its engine keywords on a CUDA device that a
-      colocated trainer loaded first, ``reserve_bytes`` kept for the trainer's first step; None: it needs none.
+    fit_beside_trainer: ``fit_beside_trainer(kwargs, reserve_bytes)`` -> its engine keywords on the device where a
+      colocated trainer and the producer's reward model loaded first, ``reserve_bytes`` kept for the trainer's first
+      step (``kwargs`` as they are where it needs no fitting, e.g. off CUDA); None: it needs none.
     """
 
     name: str

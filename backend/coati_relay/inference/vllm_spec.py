@@ -69,10 +69,14 @@ def colocated_engine_kwargs(kwargs: Dict[str, Any], free_bytes: int, total_bytes
 
 
 def _fit_beside_trainer(kwargs: Dict[str, Any], reserve_bytes: int) -> Dict[str, Any]:
-    """`colocated_engine_kwargs` on what the trainer left free of the current GPU."""
+    """`colocated_engine_kwargs` on what the trainer (and the producer's reward model) left free of the current GPU;
+    ``kwargs`` as they are off CUDA."""
+    if not torch.cuda.is_available():
+        return kwargs
     free, total = torch.cuda.mem_get_info()
     out = colocated_engine_kwargs(kwargs, free, total, reserve_bytes)
-    log.info("colocated vLLM: %.1f of %.1f GiB free after set-up, %.1f GiB kept for the optimizer state and "
+    log.info("colocated vLLM: %.1f of %.1f GiB free after the trainer and the reward model loaded, %.1f GiB kept for "
+             "the optimizer state and "
              "gradients; the engine gets gpu_memory_utilization %s", free / 2**30, total / 2**30,
              reserve_bytes / 2**30, out.get("gpu_memory_utilization"))
     return out

@@ -13,26 +13,23 @@ What the inference backend's `BackendSpec` (`coati_relay.inference.registry`) sa
   gate/up, and on the CPU it packs each linear weight into its GEMM kernel's layout after loading, so it cannot read
   the training model's parameters); after each round the consumer hands the trained weights to it directly through
   the weight sync's ``colocated_publisher`` (`coati_relay.exchange.in_process.InProcessPublisher`): a copy in memory
-  and the engine's reload, no serialisation or transfer. On CUDA the spec's ``fit_beside_trainer`` starts the engine
-  on what the trainer left of the GPU, less what its optimizer state and gradients will take at the first step
-  (`training_reserve_bytes`; vLLM: `coati_relay.inference.vllm_spec.colocated_engine_kwargs`), and it sleeps while
-  the policy trains (``enable_sleep_mode``: its weights go to host memory, its KV cache is freed); the publisher
-  wakes it before loading the trained weights.
+  and the engine's reload, no serialisation or transfer. On CUDA the spec's ``fit_beside_trainer`` starts the engine,
+  after the reward model, on what the trainer and that model left of the GPU, less what the optimizer state and
+  gradients will take at the first step (`training_reserve_bytes`; vLLM:
+  `coati_relay.inference.vllm_spec.colocated_engine_kwargs`), and it sleeps while the policy trains
+  (``enable_sleep_mode``: its weights go to host memory, its KV cache is freed); the publisher wakes it before
+  loading the trained weights.
 """
 from __future__ import annotations
 
 import logging
 import os
 import time
-from dataclasses import replace
 from typing import Any, Dict
-
-import torch
 
 from coati_relay.cluster.environ import restore_environ
 from coati_relay.config.schema import RunConfig
 from coati_relay.exchange.sync_registry import weight_sync_spec
-from coati_relay.inference.registry import backend_spec
 from coati_relay.observe.interrupt import StopOnSignal, interrupted
 
 log = logging.getLogger(__name__)
@@ -77,12 +74,8 @@ def _run(cfg: RunConfig, start: Dict[str, Any], hooks: Any) -> Any:
     if consumer.round != start_round:
         raise RuntimeError(f"colocated run: the checkpoint put the consumer at round {consumer.round}, the driver "
                            f"read round {start_round}; resume_from points at an inconsistent checkpoint")
-    fit = backend_spec(cfg.roles.inference_backend).fit_beside_trainer
-    if fit is not None and torch.cuda.is_available():  # the trainer loaded first
-        kwargs = fit(cfg.models.inference_model_kwargs, training_reserve_bytes(consumer.backends))
-        cfg = replace(cfg, models=replace(cfg.models, inference_model_kwargs=kwargs))
     producer = ProducerWorker(0, cfg, queue=None, weight_store=None, start_version=start_round)
-    producer.setup_colocated(policy)
+    producer.setup_colocated(policy, training_reserve_bytes(consumer.backends))  # the trainer loaded first
     shared = producer.backend.shared
     if not shared:
         consumer.publisher = weight_sync_spec(cfg.roles.weight_sync).colocated_publisher(producer.backend)

@@ -68,7 +68,7 @@ class ProducerWorker:
         t0 = time.perf_counter()
         self._load_prompts()
         self.backend = self._build_backend()
-        self._load_scoring()
+        self._load_scoring(self.backend.device)
         self._setup_observers()
         base = None
         if cfg.models.lora:
@@ -82,12 +82,15 @@ class ProducerWorker:
         return {"role": self.name, "node": node_id(), "setup_s": time.perf_counter() - t0,
                 "backend": cfg.roles.inference_backend}
 
-    def setup_colocated(self, policy: torch.nn.Module) -> None:
+    def setup_colocated(self, policy: torch.nn.Module, reserve_bytes: int = 0) -> None:
         """Set-up in a colocated run, without a weight subscriber. A backend that ``generates_in_place``
         (transformers) generates with ``policy`` (the consumer's unwrapped training model) in place, and the caller
         sets ``backend.weight_version`` as the policy trains; any other (vLLM) is an engine in this process with its
         own copy of the checkpoint, which the caller loads each trained version into (the weight sync's
-        ``colocated_publisher``, `coati_relay.exchange.in_process.InProcessPublisher`)."""
+        ``colocated_publisher``, `coati_relay.exchange.in_process.InProcessPublisher`). Such an engine starts last,
+        after the reward model loaded, sized by its spec's ``fit_beside_trainer`` to what the trainer and the reward
+        model left of the device, ``reserve_bytes`` kept for the trainer's first step."""
+        from coati_relay.cluster.devices import accelerator_device
         from coati_relay.inference import backend_spec
 
         self.profiler = PhaseProfiler(self.cfg.checkpointing.run_dir, self.name, self.cfg.enable_profiling)
@@ -99,24 +102,28 @@ class ProducerWorker:
             self.backend = spec.build_on_module(policy, cfg.models.model_path, cfg.sampling, None,
                                                 tokenizer=self.tokenizer, seed=cfg.seed + self.index,
                                                 **cfg.models.inference_model_kwargs)
+            self._load_scoring(self.backend.device)
         else:
-            self.backend = self._build_backend()
+            self._load_scoring(accelerator_device())
+            fit = spec.fit_beside_trainer
+            kwargs = cfg.models.inference_model_kwargs
+            self.backend = self._build_backend(kwargs if fit is None else fit(kwargs, reserve_bytes))
         self.backend.weight_version = self.start_version
-        self._load_scoring()
         self._setup_observers()
 
-    def _build_backend(self):
+    def _build_backend(self, engine_kwargs: Optional[Dict[str, Any]] = None):
         """The configured inference backend with its own copy of the checkpoint, sized to the run where its spec has a
-        ``run_sizing`` (vLLM: max_model_len and the CPU KV cache)."""
+        ``run_sizing`` (vLLM: max_model_len and the CPU KV cache). engine_kwargs: its keywords (default: the
+        config's ``inference_model_kwargs``)."""
         from coati_relay.inference import backend_spec, build_inference_backend
 
         cfg = self.cfg
         run_sizing = backend_spec(cfg.roles.inference_backend).run_sizing
         sized = {} if run_sizing is None else run_sizing(
             cfg.batches.inference_microbatch_size * cfg.batches.num_generations, cfg.data.max_prompt_tokens)
+        kwargs = cfg.models.inference_model_kwargs if engine_kwargs is None else engine_kwargs
         return build_inference_backend(cfg.roles.inference_backend, cfg.models.model_path, cfg.sampling,
-                                       tokenizer=self.tokenizer, seed=cfg.seed + self.index,
-                                       **sized, **cfg.models.inference_model_kwargs)
+                                       tokenizer=self.tokenizer, seed=cfg.seed + self.index, **sized, **kwargs)
 
     def _load_prompts(self) -> None:
         from transformers import AutoTokenizer
@@ -130,10 +137,11 @@ class ProducerWorker:
                                     system_prompt=cfg.data.system_prompt)
         self.sampler = PromptSampler(len(self.dataset), cfg.batches.inference_microbatch_size, seed=cfg.seed)
 
-    def _load_scoring(self) -> None:
-        """The reward model (on the backend's device), ColossalChat's rule reward or the registered/callable one."""
+    def _load_scoring(self, device: torch.device) -> None:
+        """The reward model (on ``device``, the backend's), ColossalChat's rule reward or the registered/callable
+        one."""
         cfg = self.cfg
-        self.device = self.backend.device
+        self.device = device
         self.reward_fn = self.rm_scorer = self.rule_reward = None
         if cfg.models.reward_model_path:
             from coati_relay.rewards import RewardModelScorer
