@@ -2,7 +2,7 @@
 task, and how fast each grows per round, in three runs: the colocated placement and the disaggregated one as one
 long episode, and the disaggregated one as many short episodes with a checkpoint after each.
 
-Each run is `coati_relay.observe.memory_soak.soak` in a fresh process: GRPO on the toy task with the transformers
+Each run is `benchmarks/memory_soak.py`'s ``soak`` in a fresh process: GRPO on the toy task with the transformers
 backend, 8 prompts x 4 samples of 8 new tokens a round, one producer and one consumer. ``one_episode``: one episode
 over a file of every round's prompts, no checkpoint during the run. ``many_episodes``: episodes of 8 rounds over a
 64-prompt file, a checkpoint after each (ColossalChat's cadence). The process tree is sampled four times a second and
@@ -23,8 +23,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-
-from coati_relay.observe.memory_soak import ACTOR_ROLES, RAY_DAEMONS, format_report, soak
+from memory_soak import ACTOR_ROLES, RAY_DAEMONS, format_report, soak
 
 log = logging.getLogger(__name__)
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import sys
+from pathlib import Path
 
 import pytest
 
+# The soak harness the soak tests drive lives with the benchmarks (benchmarks/memory_soak.py): a tool, not the engine.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 # A suite started in the background by a non-interactive shell inherits SIGINT ignored, and so would every process it
 # starts (the Ctrl-C test's driver, the Ray nodes a test removes): Python's own handler makes them interruptible again.
 signal.signal(signal.SIGINT, signal.default_int_handler)

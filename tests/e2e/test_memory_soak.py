@@ -1,4 +1,4 @@
-"""A short soak of a disaggregated run (`coati_relay.observe.memory_soak`): no role's memory may grow with the rounds.
+"""A short soak of a disaggregated run (`benchmarks/memory_soak.py`): no role's memory may grow with the rounds.
 
 The run is the soak of ``make bench`` (GRPO on the toy task, transformers backend, 8 prompts x 4 samples of 8 new
 tokens a round, one producer, one consumer) for `ROUNDS` rounds, in a fresh process with its own Ray cluster. The
@@ -21,9 +21,9 @@ of an event per call.
 from __future__ import annotations
 
 import pytest
+from memory_soak import ACTOR_ROLES, format_report, soak, summarize
 
 from coati_relay.checkpoint import list_checkpoints
-from coati_relay.observe.memory_soak import ACTOR_ROLES, format_report, soak, summarize
 
 pytestmark = [pytest.mark.slow, pytest.mark.timed]
 

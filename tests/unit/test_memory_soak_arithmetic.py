@@ -1,4 +1,4 @@
-"""The soak's arithmetic and bookkeeping (`coati_relay.observe.memory_soak`), without a run: the slope over the last
+"""The soak's arithmetic and bookkeeping (`benchmarks/memory_soak.py`), without a run: the slope over the last
 80% of
 the rounds, the role of each process title, and the sampler's window (first logged round until the last)."""
 from __future__ import annotations
@@ -6,8 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
-
-from coati_relay.observe.memory_soak import TreeSampler, logged_rounds, role_of, slope_kib_per_round, summarize
+from memory_soak import TreeSampler, logged_rounds, role_of, slope_kib_per_round, summarize
 
 
 def test_slope_is_the_least_squares_slope_after_the_warm_up():
@@ -29,7 +28,7 @@ def test_role_of_reads_the_process_title():
     assert role_of(["/venv/lib/ray/core/src/ray/gcs/gcs_server", "--log_dir=x"], 11, 10) == "gcs_server"
     assert role_of(["/venv/lib/ray/core/src/ray/raylet/raylet", "--x"], 11, 10) == "raylet"
     assert role_of(["ray::IDLE"], 11, 10) == "ray_other"
-    assert role_of(["python", "-m", "coati_relay.observe.memory_soak"], 10, 10) == "driver"
+    assert role_of(["python", "benchmarks/memory_soak.py"], 10, 10) == "driver"
 
 
 def test_sampler_samples_from_the_first_logged_round_until_the_last(tmp_path):
@@ -63,7 +62,7 @@ def test_trim_heap_returns_freed_memory_on_glibc():
 @pytest.mark.parametrize("shape, rounds, words", [("weekly", 64, "shape must be one of"),
                                                   ("many_episodes", 60, "not a multiple of it")])
 def test_a_soak_of_an_unknown_shape_or_a_partial_episode_is_refused(tmp_path, shape, rounds, words):
-    from coati_relay.observe.memory_soak import soak
+    from memory_soak import soak
 
     with pytest.raises(ValueError, match=words):
         soak("disaggregated", rounds, tmp_path, shape=shape)
@@ -71,8 +70,9 @@ def test_a_soak_of_an_unknown_shape_or_a_partial_episode_is_refused(tmp_path, sh
 
 
 def test_the_many_episode_shape_is_episodes_of_eight_rounds_with_a_checkpoint_each():
+    from memory_soak import EPISODE_ROUNDS, soak_kwargs
+
     from coati_relay.checkpoint import save_due
-    from coati_relay.observe.memory_soak import EPISODE_ROUNDS, soak_kwargs
 
     kw = soak_kwargs("model", "data.jsonl", "run", colocate=False, episodes=250)
     assert kw["num_episodes"] == 250 and EPISODE_ROUNDS == 8

@@ -2,7 +2,7 @@
 
 Such a cluster runs without Ray's dashboard and without Ray's metrics. Ray's metrics recording grew the driver, the
 rollout queue and the weight store by about 1 KiB a round each in the toy soak (Ray 2.60, measured with
-`coati_relay.observe.memory_soak`), which a multi-day run pays in each of them. ``RAY_enable_metrics_collection``
+`benchmarks/memory_soak.py`), which a multi-day run pays in each of them. ``RAY_enable_metrics_collection``
 set in the environment (``1`` to keep them) is followed instead. A cluster started beforehand (``ray start``,
 ``RAY_ADDRESS``) keeps its own settings: start it with ``RAY_enable_metrics_collection=0`` for the same effect.
 """

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import List
 
 from coati_relay.checkpoint import list_checkpoints
-from coati_relay.observe.metrics import METRICS_FILE
+
+METRICS_FILE = "metrics.jsonl"  # a run's records, in its run directory
 
 logger = logging.getLogger(__name__)
 

@@ -53,7 +53,7 @@ class QueueEntry:
 # and results under its `max_direct_call_object_size`, 100 KiB). Each object passed by reference from its owner
 # through the queue actor to a consumer leaves about 0.8 KiB of Ray's bookkeeping behind in those three processes
 # after it is freed (Ray 2.x, measured); a payload passed by value leaves none, which keeps a long run of small rounds
-# flat (`coati_relay.observe.memory_soak`). Large payloads keep the object store: one copy, shared memory.
+# flat (`benchmarks/memory_soak.py`). Large payloads keep the object store: one copy, shared memory.
 INLINE_PAYLOAD_BYTES = 64 * 1024
 
 

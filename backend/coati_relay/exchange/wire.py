@@ -2,7 +2,7 @@
 
 torch pickles a tensor through a legacy `torch.save` / `torch.load` of its storage that defines a new class on each
 call, on both sides: cyclic garbage that only a full collection of Python's collector frees (about 6 classes a round
-in each of the producer and the consumer of the toy soak, `coati_relay.observe.memory_soak`), and slower than a
+in each of the producer and the consumer of the toy soak, `benchmarks/memory_soak.py`), and slower than a
 buffer copy. A numpy array pickles as a plain buffer, and Ray stores it out of band without pickling. bfloat16, which
 numpy lacks, travels as int16 bits.
 """

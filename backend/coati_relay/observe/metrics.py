@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, TextIO, Union
 
+from coati_relay.config.run_dir import METRICS_FILE
+
 logger = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.jsonl"
 _RESERVED = ("step", "time")
 
 

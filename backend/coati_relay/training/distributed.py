@@ -95,7 +95,7 @@ def init_process_group(rank: int, world_size: int, master_addr: str, master_port
 # torch's flight recorder keeps a process group's last TORCH_FR_BUFFER_SIZE collectives (2,000 by default) with their
 # Python stacks, for the dumps of NCCL's watchdog: about 1.9 MiB a gloo group fills by its 2,000th collective, which a
 # long run's soak reads as growth per round for its first few hundred rounds (DDP runs several collectives a round;
-# `coati_relay.observe.memory_soak`). A gloo group records none unless either variable is set.
+# `benchmarks/memory_soak.py`). A gloo group records none unless either variable is set.
 FLIGHT_RECORDER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 
 

@@ -1,7 +1,7 @@
 """Memory soak: run the toy GRPO task for many rounds in a child process and sample the resident memory (RSS) of
 its whole process tree, role by role, against the rounds it has logged.
 
-A run in a fresh process (``python -m coati_relay.observe.memory_soak --child ...``) holds only what that run holds: the
+A run in a fresh process (``python benchmarks/memory_soak.py --child ...``) holds only what that run holds: the
 driver, and in the disaggregated placement the local Ray cluster it starts (``gcs_server``, ``raylet``, Ray's agents,
 the idle workers) and the actors of the roles. `TreeSampler` walks that tree every ``every_s`` seconds and files each
 process under a role by its process title: ``driver`` (the child itself), ``consumer``, ``producer``,
@@ -17,7 +17,7 @@ disaggregated one is compared with.
 Used by ``benchmarks/test_long_run_memory.py`` (``make bench``: 2,000 rounds of each placement) and by the slow test
 ``tests/e2e/test_memory_soak.py`` (a short soak with a bound per role). From the command line::
 
-    python -m coati_relay.observe.memory_soak --placement disaggregated --rounds 2000 --out soak.json
+    python benchmarks/memory_soak.py --placement disaggregated --rounds 2000 --out soak.json
 """
 from __future__ import annotations
 
@@ -216,7 +216,7 @@ def soak(placement: str, rounds: int, work_dir: Optional[Path] = None, every_s: 
     work_dir = Path(work_dir or tempfile.mkdtemp(prefix=f"soak-{placement}-"))
     work_dir.mkdir(parents=True, exist_ok=True)
     run_dir = work_dir / "run"
-    cmd = [sys.executable, "-m", "coati_relay.observe.memory_soak", "--child", "--placement", placement,
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--placement", placement,
            "--rounds", str(rounds), "--work-dir", str(work_dir), "--shape", shape]
     # One torch thread in the driver, as launch gives each actor on a 2-core host: on a shared host the colocated
     # run's spinning OpenMP threads slowed it 50-fold, which changes how long a soak takes, not what it holds.
