@@ -21,7 +21,7 @@ from coati_relay.config.build import ConfigError, build_run_config, keyword_name
 from coati_relay.config.keys import IGNORED_LAUNCH_KEYS
 from coati_relay.config.launch_keywords import keywords_doc
 from coati_relay.config.schema import RunConfig
-from coati_relay.observe.interrupt import RunInterrupted, interrupted
+from coati_relay.observe.interrupt import interrupted
 from coati_relay.observe.run_result import CallbackError, RunFailed, RunResult
 
 log = logging.getLogger(__name__)
@@ -117,23 +117,69 @@ def run(cfg: RunConfig) -> RunResult:
 
     hooks = Hooks(cfg.callbacks)
     try:
-        if cfg.roles.colocate:
-            from coati_relay.roles.colocated import run_colocated
-
-            start = _start_state(cfg)
-            hooks.run_start(cfg)
-            result = run_colocated(cfg, start, hooks)
-        else:
-            result = _run_disaggregated(cfg, hooks)
-    except RunInterrupted:
-        raise
-    except KeyboardInterrupt:  # a second signal, or one before the first round: the run stops where it is
+        result = _drive(cfg, hooks)
+    except KeyboardInterrupt:  # a signal: where the run stopped, read from its files
         raise interrupted(cfg.checkpointing.run_dir, cfg.checkpointing.save_dir) from None
     result.export_dir = export_final(cfg, result)
     if cfg.progress:
         print(result.report(), file=sys.stderr, flush=True)
     hooks.run_end(result)
     return result
+
+
+def _drive(cfg: RunConfig, hooks) -> RunResult:
+    """The driver of both placements: starts the roles (`ActorRoles`, or `coati_relay.roles.colocated.ColocatedRoles`
+    with ``colocate``), records each round and evaluation they report and gives the roles the hooks' verdict, stops
+    them whatever the way out, records the checkpoint a stop saved and returns the run's `RunResult`. Raises
+    `KeyboardInterrupt` where a signal stopped the run."""
+    from coati_relay.observe.evaluation import EVAL_KIND, EvalAggregator
+    from coati_relay.observe.recorder import RunRecorder
+
+    t_start = time.perf_counter()
+    start = _start_state(cfg)
+    hooks.run_start(cfg)
+    if cfg.roles.colocate:
+        from coati_relay.roles.colocated import ColocatedRoles
+
+        roles = ColocatedRoles(cfg, start)
+    else:
+        roles = ActorRoles(cfg, start, hooks)
+    recorder = None
+    try:
+        roles.start()
+        setup_s = time.perf_counter() - t_start
+        recorder = RunRecorder(cfg, start, hooks)
+        evals = EvalAggregator(cfg.roles.num_producers)  # the producers' evaluation reports, summed per step
+
+        def on_report(rec: Dict[str, Any]) -> None:
+            if rec.get("kind") == EVAL_KIND:
+                done = evals.add(rec)
+                if done is not None:
+                    recorder.evaluated(*done)
+                return
+            roles.verdict(int(rec["step"]), recorder.round_end(rec))
+
+        roles.train(on_report)
+        for done in evals.flush():
+            recorder.evaluated(*done)
+        train_s = time.perf_counter() - t_start - setup_s
+    except KeyboardInterrupt:
+        roles.interrupted()
+        raise
+    finally:
+        if recorder is not None:
+            recorder.close()
+        roles.close()
+    checkpoints = recorder.checkpoints
+    stopped = roles.stop_checkpoint()
+    if stopped is not None and stopped[1] not in checkpoints:
+        checkpoints.append(stopped[1])
+        hooks.checkpoint(*stopped)
+    if roles.signalled():
+        raise KeyboardInterrupt
+    # train_s: training only; the log's timestamps are when the driver saw each step
+    return recorder.result(setup_s, train_s, checkpoints=checkpoints,
+                           **roles.result_fields(len(recorder.history), setup_s, train_s))
 
 
 def export_final(cfg: RunConfig, result: RunResult) -> Optional[Path]:
@@ -156,108 +202,124 @@ def export_final(cfg: RunConfig, result: RunResult) -> Optional[Path]:
     return export_checkpoint(result.checkpoints[-1], out)
 
 
-def _run_disaggregated(cfg: RunConfig, hooks) -> RunResult:
-    # importing ray and ray.init set RAY_CLIENT_MODE, RAY_AUTH_MODE, PYTHONBREAKPOINT, ... in this process; the
-    # processes the user starts afterwards must not inherit them
-    environ = dict(os.environ)
-    import ray
-    from ray.util.placement_group import remove_placement_group
+class ActorRoles:
+    """The roles of a disaggregated run for the driver (`run`): the queue, the weight store, the consumers and the
+    producers as Ray actors in the run's placement group, supervised (`_Supervisor`). The roles run their own loops;
+    `train` waits for them, passing the reports the queue collects on. The same methods as
+    `coati_relay.roles.colocated.ColocatedRoles`."""
 
-    from coati_relay.cluster.local_ray import start_local_ray
-    from coati_relay.cluster.placement import on_head_node
-    from coati_relay.exchange.queue import make_rollout_queue
-    from coati_relay.exchange.shared_weights import remove_shared_weights, shared_weights_path
-    from coati_relay.exchange.sync_registry import weight_sync_spec
-    from coati_relay.exchange.weight_store import make_weight_store
-    from coati_relay.observe.evaluation import EVAL_KIND, EvalAggregator
-    from coati_relay.observe.recorder import RunRecorder
-    from coati_relay.roles.consumer import ConsumerWorker
-    from coati_relay.roles.producer import ProducerWorker
+    def __init__(self, cfg: RunConfig, start: Dict[str, Any], hooks) -> None:
+        self.cfg, self.hooks = cfg, hooks
+        self.start_round = int(start.get("round", 0))
+        self.pg = None
+        self.started: List[Any] = []  # every actor of this run; all are killed on the way out, whatever the way
+        self.shared_weights: Optional[str] = None  # the file full weights travel through (one host only)
+        self.results: Dict[Any, Any] = {}
 
-    t_start = time.perf_counter()
-    start = _start_state(cfg)
-    start_round = int(start.get("round", 0))
-    hooks.run_start(cfg)
-    actor_cfg = cfg.for_actors()  # the callbacks stay in the driver
-    if not ray.is_initialized():
-        start_local_ray(runtime_env={"env_vars": ACTOR_ENV})
-    restore_environ(environ)
-    pg, opts = _place(cfg)
-    started: List[Any] = []  # every actor of this run; all are killed on the way out, whatever the way
-    recorder = shared_weights = None  # shared_weights: the file full weights travel through (one host only)
-    try:
+    def start(self) -> None:
+        """Starts Ray where it is not running, reserves the placement group, starts the actors and sets them up."""
+        # importing ray and ray.init set RAY_CLIENT_MODE, RAY_AUTH_MODE, PYTHONBREAKPOINT, ... in this process; the
+        # processes the user starts afterwards must not inherit them
+        environ = dict(os.environ)
+        import ray
+
+        from coati_relay.cluster.local_ray import start_local_ray
+        from coati_relay.cluster.placement import on_head_node
+        from coati_relay.exchange.queue import make_rollout_queue
+        from coati_relay.exchange.shared_weights import remove_shared_weights, shared_weights_path
+        from coati_relay.exchange.sync_registry import weight_sync_spec
+        from coati_relay.exchange.weight_store import make_weight_store
+        from coati_relay.roles.consumer import ConsumerWorker
+        from coati_relay.roles.producer import ProducerWorker
+
+        cfg, start_round, started = self.cfg, self.start_round, self.started
+        actor_cfg = cfg.for_actors()  # the callbacks stay in the driver
+        if not ray.is_initialized():
+            start_local_ray(runtime_env={"env_vars": ACTOR_ENV})
+        restore_environ(environ)
+        self.pg, opts = _place(cfg)
         producer_opts, consumer_opts = opts[:cfg.roles.num_producers], opts[cfg.roles.num_producers:]
         cfg.checkpointing.run_dir.mkdir(parents=True, exist_ok=True)
         prefix = f"coati-relay/{cfg.project_name}/{uuid.uuid4().hex[:8]}"  # named, so users can find them in Ray
         service_opts = on_head_node()
-        queue = make_rollout_queue(**queue_bounds(cfg), total_tasks=cfg.total_rounds * cfg.tasks_per_round,
-                                   first_task=start_round * cfg.tasks_per_round, name=f"{prefix}/rollout-queue",
-                                   **service_opts)
+        self.queue = queue = make_rollout_queue(
+            **queue_bounds(cfg), total_tasks=cfg.total_rounds * cfg.tasks_per_round,
+            first_task=start_round * cfg.tasks_per_round, name=f"{prefix}/rollout-queue", **service_opts)
         store = make_weight_store(name=f"{prefix}/weight-store", **service_opts)
         started += [queue, store]
         consumer_cls = ray.remote(ConsumerWorker)
         producer_cls = ray.remote(ProducerWorker)
-        consumers = [consumer_cls.options(name=f"{prefix}/consumer-{r}", **consumer_opts[r])
-                     .remote(r, actor_cfg, queue, store) for r in range(cfg.roles.num_consumers)]
-        producers = [producer_cls.options(name=f"{prefix}/producer-{i}", **producer_opts[i])
-                     .remote(i, actor_cfg, queue, store, start_round) for i in range(cfg.roles.num_producers)]
+        self.consumers = consumers = [consumer_cls.options(name=f"{prefix}/consumer-{r}", **consumer_opts[r])
+                                      .remote(r, actor_cfg, queue, store) for r in range(cfg.roles.num_consumers)]
+        self.producers = producers = [producer_cls.options(name=f"{prefix}/producer-{i}", **producer_opts[i])
+                                      .remote(i, actor_cfg, queue, store, start_round)
+                                      for i in range(cfg.roles.num_producers)]
         started += consumers + producers
         names = {**{c: f"consumer-{r}" for r, c in enumerate(consumers)},
                  **{p: f"producer-{i}" for i, p in enumerate(producers)}}
-        supervisor = _Supervisor(cfg, queue, names, services={queue: "rollout queue", store: "weight store"})
-        hooks.fail = lambda message: supervisor._fail(message, error=CallbackError)
+        self.supervisor = supervisor = _Supervisor(cfg, queue, names,
+                                                   services={queue: "rollout queue", store: "weight store"})
+        self.hooks.fail = lambda message: supervisor._fail(message, error=CallbackError)
         addr, port, weight_port = supervisor.wait_all([consumers[0].rendezvous.remote()], consumers[:1],
                                                       what="rendezvous")[0]
         if weight_sync_spec(cfg.roles.weight_sync).shared_memory:
-            shared_weights = shared_weights_path(cfg.project_name)
-        setup_refs = ([c.setup.remote(addr, port, weight_port, shared_weights) for c in consumers]
+            self.shared_weights = shared_weights_path(cfg.project_name)
+        setup_refs = ([c.setup.remote(addr, port, weight_port, self.shared_weights) for c in consumers]
                       + [p.setup.remote(addr, weight_port) for p in producers])
         setups = supervisor.wait_all(setup_refs, list(names.keys()), what="set-up")
-        remove_shared_weights(shared_weights)  # every process has it mapped: its name can go (nothing left if killed)
-        nodes = {s["role"]: s["node"] for s in setups}
-        nodes.update(zip(("rollout-queue", "weight-store"), ray.get([queue.node.remote(), store.node.remote()],
-                                                                     timeout=30)))
-        setup_s = time.perf_counter() - t_start
-        recorder = RunRecorder(cfg, start, hooks)  # consumer rank 0's records, as the queue's report log
-        run_refs = {c.run.remote(): c for c in consumers}  # passes them on
-        run_refs.update({p.run.remote(): p for p in producers})
-        evals = EvalAggregator(cfg.roles.num_producers)  # the producers' evaluation reports, summed per step
+        remove_shared_weights(self.shared_weights)  # every process has it mapped: its name can go (none left if killed)
+        self.nodes = {s["role"]: s["node"] for s in setups}
+        self.nodes.update(zip(("rollout-queue", "weight-store"),
+                              ray.get([queue.node.remote(), store.node.remote()], timeout=30)))
 
-        def on_report(rec: Dict[str, Any]) -> None:
-            if rec.get("kind") == EVAL_KIND:
-                done = evals.add(rec)
-                if done is not None:
-                    recorder.evaluated(*done)
-                return
-            stop = recorder.round_end(rec)
-            if cfg.stop_gate:
-                ray.get(queue.set_verdict.remote(int(rec["step"]), stop), timeout=30)
+    def train(self, on_report) -> None:
+        """Runs every role's loop (`ConsumerWorker.run`, `ProducerWorker.run`) until the consumers finish, passing
+        the queue's reports to ``on_report``."""
+        run_refs = {c.run.remote(): c for c in self.consumers}
+        run_refs.update({p.run.remote(): p for p in self.producers})
+        self.results = self.supervisor.supervise(run_refs, on_report=on_report,
+                                                 stopped=lambda: self.hooks.stop_at is not None)
 
-        results = supervisor.supervise(run_refs, on_report=on_report, stopped=lambda: hooks.stop_at is not None)
-        for done in evals.flush():
-            recorder.evaluated(*done)
-        train_s = time.perf_counter() - t_start - setup_s
-    except KeyboardInterrupt:
-        log.warning("interrupted: stopping the run's %d actors and releasing its placement group", len(started))
-        raise
-    finally:
-        if recorder is not None:
-            recorder.close()
-        for actor in started:
+    def verdict(self, step: int, stop: bool) -> None:
+        """The driver's word on the round that ended at ``step``, for the consumers waiting at the stop gate."""
+        if self.cfg.stop_gate:
+            import ray
+
+            ray.get(self.queue.set_verdict.remote(step, stop), timeout=30)
+
+    def interrupted(self) -> None:
+        if self.pg is not None:
+            log.warning("interrupted: stopping the run's %d actors and releasing its placement group",
+                        len(self.started))
+
+    def close(self) -> None:
+        """Kills every actor of the run and releases its placement group."""
+        if self.pg is None:
+            return
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        from coati_relay.exchange.shared_weights import remove_shared_weights
+
+        for actor in self.started:
             ray.kill(actor, no_restart=True)
-        remove_placement_group(pg)
-        remove_shared_weights(shared_weights)
-    checkpoints = recorder.checkpoints
-    stop_path = next((results[c].get("checkpoint") for c in consumers[:1] if c in results), None)
-    if hooks.stop_at is not None and stop_path and stop_path not in checkpoints:
-        checkpoints.append(stop_path)
-        hooks.checkpoint(hooks.stop_at, stop_path)
-    consumer_stats = [results[c] for c in consumers if c in results]
-    _check_ranks_agree(consumer_stats)
-    # wall_s: training only; the log's timestamps are when the driver saw each step
-    return recorder.result(setup_s, train_s, checkpoints=checkpoints, counters=supervisor.counters,
-                           producer_stats=[results[p] for p in producers if p in results],
-                           consumer_stats=consumer_stats, nodes=nodes)
+        remove_placement_group(self.pg)
+        remove_shared_weights(self.shared_weights)
+
+    def stop_checkpoint(self) -> Optional[Tuple[int, str]]:
+        """(step, path) of the checkpoint consumer rank 0 saved where a hook stopped the run; None otherwise."""
+        path = next((self.results[c].get("checkpoint") for c in self.consumers[:1] if c in self.results), None)
+        return (self.hooks.stop_at, path) if self.hooks.stop_at is not None and path else None
+
+    def signalled(self) -> bool:
+        return False  # a signal stops the actors at once (`interrupted`)
+
+    def result_fields(self, rounds: int, setup_s: float, train_s: float) -> Dict[str, Any]:
+        """The `RunResult` fields of this placement; logs an error where the consumer ranks ended apart."""
+        consumer_stats = [self.results[c] for c in self.consumers if c in self.results]
+        _check_ranks_agree(consumer_stats)
+        return {"counters": self.supervisor.counters, "consumer_stats": consumer_stats, "nodes": self.nodes,
+                "producer_stats": [self.results[p] for p in self.producers if p in self.results]}
 
 
 def _check_ranks_agree(consumer_stats: List[Dict[str, Any]]) -> None:

@@ -1,5 +1,4 @@
-"""`RunRecorder`: what a driver does with a run's rounds, one for both placements (`coati_relay.launch`,
-`coati_relay.roles.colocated`).
+"""`RunRecorder`: what the driver (`coati_relay.launch.run`) does with a run's rounds, in both placements.
 
 Each round's record (consumer rank 0's metrics, a dict with ``step``) goes to the history, ``metrics.jsonl`` and the
 trackers, the progress display and the hooks; each evaluation to the log and the hooks' ``on_evaluate``. At the end

@@ -1,8 +1,9 @@
-"""The colocated placement: one producer and one consumer rank in the driver's process.
+"""The colocated placement: one producer and one consumer rank in the driver's process (`ColocatedRoles`).
 
 No Ray: no cluster, actors, queue or weight store. Each round the producer part generates the round's tasks, scores
-them, and the consumer part trains on them (`ConsumerWorker.finish_round`). Prompts, scoring, training, metrics and
-checkpoints are the same code as in the disaggregated run (`coati_relay.launch`), so both give the same `RunResult`.
+them, and the consumer part trains on them (`ConsumerWorker.finish_round`). The driver (`coati_relay.launch.run`) is
+the disaggregated run's: it records the rounds, evaluations and the checkpoint a stop saves, and builds the
+`RunResult`; prompts, scoring, training, metrics and checkpoints are the same code in both placements.
 
 What the inference backend's `BackendSpec` (`coati_relay.inference.registry`) says decides how it generates:
 
@@ -25,12 +26,12 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from coati_relay.cluster.environ import restore_environ
 from coati_relay.config.schema import RunConfig
 from coati_relay.exchange.sync_registry import weight_sync_spec
-from coati_relay.observe.interrupt import StopOnSignal, interrupted
+from coati_relay.observe.interrupt import StopOnSignal
 
 log = logging.getLogger(__name__)
 
@@ -44,57 +45,56 @@ def training_reserve_bytes(backends: Dict[str, Any]) -> int:
                for b in backends.values())
 
 
-def run_colocated(cfg: RunConfig, start: Dict[str, Any], hooks: Any = None) -> Any:
-    """Trains rounds ``start["round"]`` .. ``cfg.total_rounds - 1`` (``start``: the state of the checkpoint resumed
-    from, ``{"round": 0}`` for a fresh run); returns the run's `RunResult`.
+class ColocatedRoles:
+    """The roles of a colocated run (`coati_relay.config.schema.RunConfig`) resumed from the checkpoint state
+    ``start`` (``{"round": 0}`` for a fresh run), for the driver: `start`, `train`, `verdict`, `interrupted`,
+    `close`, then `stop_checkpoint`, `signalled` and `result_fields`.
 
-    ``hooks``: the callbacks' `coati_relay.callbacks.Hooks`, called where each metrics line is written.
-    Leaves ``os.environ`` as it found it: an engine in this process sets variables (vLLM: ``LD_PRELOAD``,
-    ``LOCAL_RANK``, ``RAY_CLIENT_MODE``, inductor settings, ...) that processes started afterwards would inherit."""
-    saved = dict(os.environ)
-    try:
-        return _run(cfg, start, hooks)
-    finally:
-        restore_environ(saved)
+    Leaves ``os.environ`` as it found it (`close`): an engine in this process sets variables (vLLM: ``LD_PRELOAD``,
+    ``LOCAL_RANK``, ``RAY_CLIENT_MODE``, inductor settings, ...) that processes started afterwards would inherit.
+    The first Ctrl-C or SIGTERM finishes the round, saves a checkpoint and stops (`StopOnSignal`)."""
 
+    def __init__(self, cfg: RunConfig, start: Dict[str, Any]) -> None:
+        self.cfg = cfg
+        self.start_round = int(start.get("round", 0))
+        self.environ = dict(os.environ)
+        self.signal: Optional[StopOnSignal] = None  # installed while the rounds run
+        self.stopping = False  # a hook asked the run to stop at the round just recorded
+        self.stopped_at: Optional[Tuple[int, str]] = None  # (step, checkpoint) a stop saved
+        self.counters = {"produced": 0, "consumed": 0, "dropped": 0, "in_flight": 0, "produced_samples": 0,
+                         "consumed_samples": 0}
 
-def _run(cfg: RunConfig, start: Dict[str, Any], hooks: Any) -> Any:
-    from coati_relay.callbacks import Hooks
-    from coati_relay.observe.evaluation import eval_metrics
-    from coati_relay.observe.recorder import RunRecorder
-    from coati_relay.roles.consumer import ConsumerWorker
-    from coati_relay.roles.producer import ProducerWorker
+    def start(self) -> None:
+        """Loads the consumer (its policy first), then the producer beside it."""
+        from coati_relay.roles.consumer import ConsumerWorker
+        from coati_relay.roles.producer import ProducerWorker
 
-    hooks = hooks if hooks is not None else Hooks(cfg.callbacks)
-    start_round = int(start.get("round", 0))
-    t_start = time.perf_counter()
-    cfg.checkpointing.run_dir.mkdir(parents=True, exist_ok=True)
-    consumer = ConsumerWorker(0, cfg, queue=None, weight_store=None)
-    policy = consumer.setup_colocated()
-    if consumer.round != start_round:
-        raise RuntimeError(f"colocated run: the checkpoint put the consumer at round {consumer.round}, the driver "
-                           f"read round {start_round}; resume_from points at an inconsistent checkpoint")
-    producer = ProducerWorker(0, cfg, queue=None, weight_store=None, start_version=start_round)
-    producer.setup_colocated(policy, training_reserve_bytes(consumer.backends))  # the trainer loaded first
-    shared = producer.backend.shared
-    if not shared:
-        consumer.publisher = weight_sync_spec(cfg.roles.weight_sync).colocated_publisher(producer.backend)
-        if start_round:  # the engine loaded the initial checkpoint; the consumer resumed from a later one
-            consumer.publisher.publish(start_round, tensors=consumer.policy.state_dict_for_inference())
-    setup_s = time.perf_counter() - t_start
-    recorder = RunRecorder(cfg, start, hooks)
-    counters = {"produced": 0, "consumed": 0, "dropped": 0, "in_flight": 0, "produced_samples": 0,
-                "consumed_samples": 0}
-    stop = StopOnSignal("finishing this round and saving a checkpoint").install()
-    try:
-        for r in range(start_round, cfg.total_rounds):
+        cfg, start_round = self.cfg, self.start_round
+        cfg.checkpointing.run_dir.mkdir(parents=True, exist_ok=True)
+        self.consumer = consumer = ConsumerWorker(0, cfg, queue=None, weight_store=None)
+        policy = consumer.setup_colocated()
+        if consumer.round != start_round:
+            raise RuntimeError(f"colocated run: the checkpoint put the consumer at round {consumer.round}, the "
+                               f"driver read round {start_round}; resume_from points at an inconsistent checkpoint")
+        self.producer = producer = ProducerWorker(0, cfg, queue=None, weight_store=None, start_version=start_round)
+        producer.setup_colocated(policy, training_reserve_bytes(consumer.backends))  # the trainer loaded first
+        if not producer.backend.shared:
+            consumer.publisher = weight_sync_spec(cfg.roles.weight_sync).colocated_publisher(producer.backend)
+            if start_round:  # the engine loaded the initial checkpoint; the consumer resumed from a later one
+                consumer.publisher.publish(start_round, tensors=consumer.policy.state_dict_for_inference())
+
+    def train(self, on_report: Callable[[Dict[str, Any]], None]) -> None:
+        """Runs the rounds, passing each evaluation report and round record to ``on_report``, until the last round,
+        a stop (`verdict`) or a signal; a stop after a round that saved no checkpoint saves one."""
+        cfg, producer, consumer = self.cfg, self.producer, self.consumer
+        self.signal = StopOnSignal("finishing this round and saving a checkpoint").install()
+        for r in range(self.start_round, cfg.total_rounds):
             t0 = time.perf_counter()
-            if shared:
+            if producer.backend.shared:
                 producer.backend.weight_version = r  # the policy holds round r's weights: trained in place
             report = producer.maybe_evaluate()
             if report is not None:
-                counts = {task: tuple(ct) for task, ct in report["counts"].items()}
-                recorder.evaluated(r, eval_metrics(report["training_step"], counts))
+                on_report(report)
                 t0 = time.perf_counter()  # the round's time leaves the evaluation out
             tasks = range(r * cfg.tasks_per_round, (r + 1) * cfg.tasks_per_round)
             made = [producer.make_rollout(task) for task in tasks]
@@ -104,22 +104,42 @@ def _run(cfg: RunConfig, start: Dict[str, Any], hooks: Any) -> Any:
                                             wait_s=time.perf_counter() - t0)
             prompts = sum(x.num_prompts for x in rollouts)
             for key in ("produced", "consumed"):
-                counters[key] += len(made)
-                counters[f"{key}_samples"] += prompts
-            if recorder.round_end(metrics) or stop.requested:
+                self.counters[key] += len(made)
+                self.counters[f"{key}_samples"] += prompts
+            on_report(metrics)
+            if self.stopping or self.signal.requested:
                 if "checkpoint" not in metrics:
-                    metrics["checkpoint"] = consumer.save(consumer.round)
-                    hooks.checkpoint(consumer.round, metrics["checkpoint"])
+                    self.stopped_at = consumer.round, consumer.save(consumer.round)
                 break
-    finally:
-        stop.restore()
-        recorder.close()
-        producer.backend_close()
-        producer.profiler.close()
-        consumer.profiler.close()
-    if stop.requested and consumer.round < cfg.total_rounds:
-        raise interrupted(cfg.checkpointing.run_dir, cfg.checkpointing.save_dir)
-    wall_s = time.perf_counter() - t_start - setup_s
-    log.info("colocated run %s: %d rounds in %.1fs after %.1fs of set-up", cfg.project_name, len(recorder.history),
-             wall_s, setup_s)
-    return recorder.result(setup_s, wall_s, counters=counters, producer_stats=[dict(producer.stats)])
+
+    def verdict(self, step: int, stop: bool) -> None:
+        """The driver's word on the round that ended at ``step``: True stops the run there."""
+        self.stopping = stop
+
+    def interrupted(self) -> None:
+        """A second signal: nothing to add, `close` stops what runs as on any way out."""
+
+    def close(self) -> None:
+        """Puts back the signal handlers and ``os.environ``; closes the engine and the profilers once trained."""
+        try:
+            if self.signal is not None:
+                self.signal.restore()
+                self.producer.backend_close()
+                self.producer.profiler.close()
+                self.consumer.profiler.close()
+        finally:
+            restore_environ(self.environ)
+
+    def stop_checkpoint(self) -> Optional[Tuple[int, str]]:
+        """(step, path) of the checkpoint a stop saved after a round that saved none; None otherwise."""
+        return self.stopped_at
+
+    def signalled(self) -> bool:
+        """True where a signal stopped the run before its last round."""
+        return self.signal is not None and self.signal.requested and self.consumer.round < self.cfg.total_rounds
+
+    def result_fields(self, rounds: int, setup_s: float, train_s: float) -> Dict[str, Any]:
+        """The `RunResult` fields of this placement, with a log line of the run's ``rounds`` and times."""
+        log.info("colocated run %s: %d rounds in %.1fs after %.1fs of set-up", self.cfg.project_name, rounds,
+                 train_s, setup_s)
+        return {"counters": self.counters, "producer_stats": [dict(self.producer.stats)]}

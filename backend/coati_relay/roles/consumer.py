@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 class ConsumerWorker:
     """One data-parallel rank, run as a Ray actor: it reads the queue and reports metrics through Ray. In a
-    colocated run (`coati_relay.roles.colocated`) the driver calls `setup_colocated` and `finish_round` instead."""
+    colocated run `coati_relay.roles.colocated.ColocatedRoles` calls `setup_colocated` and `finish_round` instead."""
 
     def __init__(self, rank: int, cfg: RunConfig, queue, weight_store):
         self.rank = rank

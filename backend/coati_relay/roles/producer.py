@@ -39,7 +39,7 @@ _POLL_S = 2.0  # how often a producer waiting for weights looks for tasks a dead
 class ProducerWorker:
     """One producer, run as a Ray actor: its rollouts go to the queue (small ones by value, others through the object
     store: `pack_payload`); the queue and weight store may be actor handles or local objects. In a colocated run
-    (`coati_relay.roles.colocated`) it has neither: the driver calls `setup_colocated` and `make_rollout`."""
+    (`coati_relay.roles.colocated.ColocatedRoles`) it has neither: that calls `setup_colocated` and `make_rollout`."""
 
     evaluator = None  # `coati_relay.observe.evaluation.Evaluator` when the run evaluates (set up in `setup`)
     rollout_log = None  # `coati_relay.observe.rollout_log.RolloutLog` on producer 0
