@@ -1,6 +1,7 @@
 """`launch_distributed`: ColossalChat's entry point, on Ray, returning a `RunResult` instead of None.
 
-With ``colocate=True`` the run stays in the driver's process instead (`coati_relay.roles.colocated`): no Ray at all.
+With ``colocate=True`` the roles run in the driver's process instead (`coati_relay.roles.colocated`): no Ray at
+all. Either way one driver (`run`) records the rounds, ends the run and builds its result.
 
 The driver validates the whole configuration first, then starts the queue, the weight store, the consumers and
 the producers, and supervises them: every wait has a timeout, and a dead actor ends the run within seconds with an
