@@ -17,6 +17,8 @@ _PARTS: Dict[str, str] = {
     "value_loss": "coati_relay.algorithms",
     "response_mask": "coati_relay.rollout",
     "get_reward_fn": "coati_relay.rewards",
+    # config: the algorithm keys' checks and defaults (the rewriter's default learning rate)
+    "ALGORITHM_KEYS": "coati_relay.config.algorithm",
     # training: the one place that builds a Booster, steps, saves and gathers
     "TrainingBackend": "coati_relay.training.booster_backend",
     "BackendSet": "coati_relay.training.backend_set",

@@ -203,8 +203,10 @@ class FourRoleMapper(_Mapper):
         s, p = self.script, self.plan
         lr = self._optimizer_lr()
         if lr is None:
-            lr = "1e-6"
-            self.note("unread", "the optimizers' learning rate was not found; using the engine default 1e-6.",
+            from coati_relay.parts import ALGORITHM_KEYS  # loads the engine's config: only where it is needed
+
+            lr = repr(ALGORITHM_KEYS["lr"].default)
+            self.note("unread", f"the optimizers' learning rate was not found; using the engine default {lr}.",
                       key="grpo_config")
         kl = self._flag("kl_coef") or repr(_parameter_default(s.tree, "kl_coef") or 0.1)
         clip = self._flag("clip_eps", "eps_clip") or repr(_parameter_default(s.tree, "eps_clip") or 0.2)
