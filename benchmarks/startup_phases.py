@@ -96,7 +96,7 @@ def engine_startup(p: Phases, model: str, work_dir: Path, backend: str, new_toke
         from colossalai.booster.plugin import TorchDDPPlugin  # noqa: F401
 
     p.run("colossalai", colossalai)
-    from coati_relay.config.build import build_run_config
+    from coati_relay.assembly.build import build_run_config
     from coati_relay.roles.consumer import ConsumerWorker
     from coati_relay.roles.producer import ProducerWorker
 

@@ -166,7 +166,7 @@ def test_engine_step_legacy_math(benchmark, work, model, initial, batch, first_l
 @pytest.fixture(scope="module")
 def consumer(ray_session, model, tmp_path_factory):
     """A real PPO `ConsumerWorker` (rank 0 of 1; it publishes its weights to a real weight store)."""
-    from coati_relay.config.build import build_run_config
+    from coati_relay.assembly.build import build_run_config
     from coati_relay.exchange.weight_store import make_weight_store
     from coati_relay.roles.consumer import ConsumerWorker
     from coati_relay.toy import write_toy_dataset

@@ -101,7 +101,7 @@ def _dry_run_text(kwargs: dict, imports: List[str], cfg) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from coati_relay.config.build import ConfigError, build_run_config
+    from coati_relay.assembly.build import ConfigError, build_run_config
     from coati_relay.config.import_paths import ImportPathError
     from coati_relay.config.overrides import OverrideError, apply_overrides
     from coati_relay.config.user_frame import config_file

@@ -17,8 +17,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from coati_relay.assembly.build import ConfigError, build_run_config, keyword_names
 from coati_relay.cluster.environ import restore_environ
-from coati_relay.config.build import ConfigError, build_run_config, keyword_names
 from coati_relay.config.keys import IGNORED_LAUNCH_KEYS
 from coati_relay.config.launch_keywords import keywords_doc
 from coati_relay.config.schema import RunConfig

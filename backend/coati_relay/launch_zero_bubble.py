@@ -30,7 +30,7 @@ import logging
 from dataclasses import replace
 from typing import Any, Optional
 
-from coati_relay.config.build import ConfigError, build_run_config, keyword_names
+from coati_relay.assembly.build import ConfigError, build_run_config, keyword_names
 from coati_relay.config.checks import is_int
 from coati_relay.config.keys import IGNORED_LAUNCH_KEYS
 from coati_relay.config.launch_keywords import keywords_doc

@@ -91,7 +91,7 @@ def test_fresh_runs_of_one_project_keep_their_own_run_dirs(tiny_model_path, data
     """Run twice with no run_dir, a script writes two run directories (runs/NAME, runs/NAME-2), each with its own
     steps, summary and export; naming the first as the run_dir of a third fresh run is refused before it starts."""
     from coati_relay import launch_distributed
-    from coati_relay.config.build import ConfigError
+    from coati_relay.assembly.build import ConfigError
 
     monkeypatch.chdir(tmp_path)
     kw = colocated_kwargs(tiny_model_path, data, None, rounds=2, colocate=True, project_name="twice",

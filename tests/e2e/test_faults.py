@@ -128,7 +128,7 @@ def test_ctrl_c_stops_every_actor_and_the_run_resumes_from_its_checkpoint(ray_cl
     from ray.util.placement_group import placement_group_table
 
     from coati_relay import launch_distributed
-    from coati_relay.config.build import build_run_config
+    from coati_relay.assembly.build import build_run_config
 
     kwargs = small_run(tiny_model_path, data, tmp_path / "interrupted", project_name="ctrl-c",
                        rounds=300)  # far more than can finish before the interrupt, however fast the host

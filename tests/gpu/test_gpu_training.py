@@ -153,7 +153,7 @@ def test_two_ranks_step_as_one_holding_the_whole_batch(tiny_model_path, tmp_path
 # One consumer rank of `train_round`: GRPO on a fixed rollout (its share of it), two rounds, then the weights.
 _ROUND = textwrap.dedent("""
     import sys, torch
-    from coati_relay.config.build import build_run_config
+    from coati_relay.assembly.build import build_run_config
     from coati_relay.roles.consumer import ConsumerWorker
     from coati_relay.training.booster_backend import load_causal_lm
     from coati_relay.training.distributed import init_process_group
@@ -258,7 +258,7 @@ def test_two_consumer_ranks_update_as_one_holding_the_whole_batch(tiny_model_pat
 # would stop at the first one, which counts nothing).
 _SYNCS = textwrap.dedent("""
     import sys, warnings, torch
-    from coati_relay.config.build import build_run_config
+    from coati_relay.assembly.build import build_run_config
     from coati_relay.roles.consumer import ConsumerWorker
     from coati_relay.roles.learner import StepRows
     from coati_relay.training.booster_backend import load_causal_lm

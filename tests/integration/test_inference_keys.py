@@ -1,4 +1,4 @@
-"""The driver's vLLM allow-list (`coati_relay.config.inference.VLLM_KEYS`) against the installed vLLM: every key the
+"""The driver's vLLM allow-list (`coati_relay.inference.vllm_spec.VLLM_KEYS`) against the installed vLLM: every key the
 driver lets through is an engine argument this vLLM takes, so a checked config never fails inside a producer."""
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import inspect
 
 import pytest
 
-from coati_relay.config.inference import REFUSED_KEYS, VLLM_KEYS, VLLM_REFUSED_KEYS
+from coati_relay.assembly.inference_config import REFUSED_KEYS
+from coati_relay.inference.vllm_spec import VLLM_KEYS, VLLM_REFUSED_KEYS
 
 pytestmark = pytest.mark.slow
 

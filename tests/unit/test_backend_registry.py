@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from coati_relay.config.build import ConfigError, build_run_config
+from coati_relay.assembly.build import ConfigError, build_run_config
 from coati_relay.exchange import sync_registry
 from coati_relay.inference import registry
 from tests.unit import fake_backend, fake_weight_sync

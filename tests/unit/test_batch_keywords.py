@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coati_relay.config.build import ConfigError, build_run_config
+from coati_relay.assembly.build import ConfigError, build_run_config
 from tests.unit.small_run import small_run_kwargs
 
 

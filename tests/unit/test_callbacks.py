@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from coati_relay import StopRun
+from coati_relay.assembly.build import ConfigError, build_run_config
 from coati_relay.callbacks import Hooks
-from coati_relay.config.build import ConfigError, build_run_config
 from coati_relay.config.callbacks import check_callbacks, may_stop
 from coati_relay.observe.run_result import CallbackError
 from tests.unit.small_run import small_run_kwargs

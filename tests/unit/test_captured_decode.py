@@ -163,7 +163,7 @@ def test_a_bucket_is_reused_across_rounds_and_weight_loads():
 
 
 def test_decode_keys_are_checked_transformers_keys():
-    from coati_relay.config.inference import TRANSFORMERS_KEYS
+    from coati_relay.inference.transformers_spec import TRANSFORMERS_KEYS
 
     for key in ("compiled_decode", "fused_decode"):
         check = TRANSFORMERS_KEYS[key]

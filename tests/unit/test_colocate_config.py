@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from coati_relay.config.build import ConfigError, build_run_config
+from coati_relay.assembly.build import ConfigError, build_run_config
 from coati_relay.toy import build_tiny_model, write_toy_dataset
 
 

@@ -253,7 +253,7 @@ def paths(tiny_model_path, tmp_path_factory):
 
 def run_config(paths, core_algo, grpo, generate, num_generations, train_batch_size, train_minibatch_size,
                inference_batch_size, num_episodes=1, entry=None):
-    from coati_relay.config.build import build_run_config
+    from coati_relay.assembly.build import build_run_config
 
     model, data = paths
     grpo = {k: v for k, v in grpo.items() if k != "algo"}

@@ -12,8 +12,8 @@ import pytest
 import torch
 from small_run import small_run_kwargs
 
+from coati_relay.assembly.build import ConfigError, HostDifferenceWarning, build_run_config
 from coati_relay.checkpoint import save_due
-from coati_relay.config.build import ConfigError, HostDifferenceWarning, build_run_config
 from coati_relay.training.plugins import COLOSSALCHAT_PLUGIN_DEFAULTS, resolve_colossalchat
 from coati_relay.training.schedule import (
     WarmupSchedule,
@@ -216,7 +216,7 @@ def test_train_model_keys_reach_from_pretrained(tiny_model_path, tmp_path, monke
 
 
 def test_on_cuda_dtype_and_flash_attention_go_through(tiny_model_path, tmp_path, monkeypatch):
-    import coati_relay.config.models as cm
+    import coati_relay.assembly.models as cm
 
     monkeypatch.setattr(cm, "flash_attention_available", lambda cuda: cuda)
     errors, differences = [], []

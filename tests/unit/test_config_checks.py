@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from coati_relay.config.build import ConfigError, build_run_config
+from coati_relay.assembly.build import ConfigError, build_run_config
 from coati_relay.config.checks import is_flag, is_int, is_number, is_positive_int
 from tests.unit.small_run import small_run_kwargs
 

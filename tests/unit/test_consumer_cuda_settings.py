@@ -64,7 +64,7 @@ def test_the_reference_model_computes_in_the_training_precision(paths, monkeypat
 def test_the_engine_dtype_follows_the_training_precision(paths, monkeypatch, backend, colocate, given, expected):
     """bf16 plugins (zero2 by default) give a bf16 engine unless the user chose a dtype; a colocated transformers
     producer generates with the training model itself."""
-    from coati_relay.config.build import build_run_config
+    from coati_relay.assembly.build import build_run_config
     from coati_relay.training import plugins
 
     monkeypatch.setattr(plugins, "_cuda_available", lambda: True)

@@ -19,7 +19,7 @@ names = [m.name for m in pkgutil.walk_packages(coati_relay.__path__, "coati_rela
 for name in names:
     importlib.import_module(name)
 assert not [m for m in sys.modules if m.startswith(("coati_compat.", "coati."))], "legacy modules were imported"
-from coati_relay.config.build import build_run_config
+from coati_relay.assembly.build import build_run_config
 from coati_relay.toy import build_tiny_model, write_toy_dataset
 model = str(build_tiny_model())
 data = str(write_toy_dataset(TMP + "/prompts.jsonl", num_prompts=16))

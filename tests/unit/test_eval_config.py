@@ -8,7 +8,7 @@ import pytest
 from small_run import small_run_kwargs
 
 import coati_relay.config.keys as ck
-from coati_relay.config.build import ConfigError, build_run_config
+from coati_relay.assembly.build import ConfigError, build_run_config
 from coati_relay.toy import write_toy_dataset
 
 KEYS = ("eval_dataset_config", "eval_interval", "eval_save_dir", "eval_generation_config", "log_rollout_interval",

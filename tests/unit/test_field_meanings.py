@@ -7,9 +7,9 @@ from typing import List
 
 import pytest
 
+from coati_relay.assembly.build import keyword_names
 from coati_relay.config import schema
 from coati_relay.config.algorithm import ALGORITHM_KEYS, OTHER_KEYS
-from coati_relay.config.build import keyword_names
 from coati_relay.config.keys import SECTION_KEYS
 from coati_relay.config.launch_keywords import config_keys, keyword_meaning
 from coati_relay.config.meaning import CC, EXT, field_meanings, meaning

@@ -7,8 +7,8 @@ import inspect
 
 import pytest
 
-from coati_relay.config.build import ConfigError, build_run_config
-from coati_relay.config.sampling import build_sampling
+from coati_relay.assembly.build import ConfigError, build_run_config
+from coati_relay.assembly.sampling import build_sampling
 from coati_relay.inference.generate_keys import VLLM_SAMPLING_KEYS, classify
 from coati_relay.toy import write_toy_dataset
 

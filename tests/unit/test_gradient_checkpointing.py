@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coati_relay.config.build import ConfigError, build_run_config
+from coati_relay.assembly.build import ConfigError, build_run_config
 from coati_relay.training.booster_backend import load_causal_lm
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from small_run import small_run_kwargs
 
-from coati_relay.config.build import ConfigError, build_run_config
+from coati_relay.assembly.build import ConfigError, build_run_config
 from coati_relay.config.hub import is_hub_id
 from coati_relay.toy import cache_as_hub_model
 

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from coati_relay import algorithms
+from coati_relay.assembly.build import ConfigError, build_run_config
 from coati_relay.cli import main
-from coati_relay.config.build import ConfigError, build_run_config
 from coati_relay.config.import_paths import ImportPathError, is_import_path, resolve_import_path
 from coati_relay.rewards import registry as rewards
 from tests.unit.small_run import small_run_kwargs

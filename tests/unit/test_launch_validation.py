@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coati_relay.config.build import ConfigError, build_run_config
+from coati_relay.assembly.build import ConfigError, build_run_config
 from coati_relay.toy import write_toy_dataset
 
 
@@ -324,8 +324,9 @@ def test_transformers_allow_list_matches_the_backend():
     passes itself are refused."""
     import inspect
 
-    from coati_relay.config.inference import REFUSED_KEYS, TRANSFORMERS_KEYS
+    from coati_relay.assembly.inference_config import REFUSED_KEYS
     from coati_relay.inference.transformers_backend import TransformersBackend
+    from coati_relay.inference.transformers_spec import TRANSFORMERS_KEYS
 
     params = set(inspect.signature(TransformersBackend.__init__).parameters)
     assert set(TRANSFORMERS_KEYS) <= params
@@ -351,7 +352,7 @@ def test_colossalchat_keys_without_effect_warn_once(files, caplog):
 
 
 def test_a_fixed_sampling_seed_warns_that_rounds_draw_the_same_numbers(files, caplog):
-    with caplog.at_level("WARNING", logger="coati_relay.config.sampling"):
+    with caplog.at_level("WARNING", logger="coati_relay.assembly.sampling"):
         build_run_config(**good(files, seed=3))
         assert not caplog.records
         cfg = build_run_config(**good(files, generate_config={"max_new_tokens": 8, "seed": 3, "temperature": 1.0,

@@ -8,7 +8,7 @@ import logging
 import pytest
 from small_run import small_run_kwargs
 
-from coati_relay.config.build import ConfigError
+from coati_relay.assembly.build import ConfigError
 from coati_relay.exchange.queue import RolloutQueueActor
 from coati_relay.launch import queue_bounds
 from coati_relay.launch_zero_bubble import buffer_limit, zero_bubble_config
@@ -38,7 +38,7 @@ def test_the_config_carries_the_buffer_and_no_staleness_bound(tmp_path, tiny_mod
 
 
 def test_n_behind_means_what_it_means_in_launch_distributed(tmp_path, tiny_model_path):
-    from coati_relay.config.build import build_run_config
+    from coati_relay.assembly.build import build_run_config
 
     kw = kwargs(tmp_path, tiny_model_path)
     cfg = zero_bubble_config(**kw, n_behind=1)

@@ -12,7 +12,7 @@ import torch
 from train_round_helpers import BigramLM, TokenCritic, make_config, make_rollout, record_steps
 
 from coati_relay import algorithms as alg
-from coati_relay.config.build import ConfigError
+from coati_relay.assembly.build import ConfigError
 from coati_relay.roles.consumer import ConsumerWorker
 from coati_relay.roles.logprobs import response_logprobs
 
@@ -179,7 +179,7 @@ def _launch_kwargs(model, data, **grpo):
 
 
 def test_defaults_are_the_built_ins_and_user_functions_are_shipped(paths, doubled):
-    from coati_relay.config.build import build_run_config
+    from coati_relay.assembly.build import build_run_config
 
     cfg = build_run_config(**_launch_kwargs(*paths))
     assert (cfg.algo.policy_loss, cfg.algo.value_loss, cfg.algo.kl_estimator) == ("ppo_clip", "clipped", "k3")

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import coati_relay
-from coati_relay.config.build import build_run_config
+from coati_relay.assembly.build import build_run_config
 from coati_relay.config.keys import IGNORED_LAUNCH_KEYS
 from coati_relay.config.launch_keywords import LAUNCH_KEYWORDS
 

@@ -7,8 +7,8 @@ import re
 import pytest
 from small_run import small_run_kwargs
 
+from coati_relay.assembly.build import ConfigError, build_run_config
 from coati_relay.checkpoint import save_checkpoint
-from coati_relay.config.build import ConfigError, build_run_config
 
 
 def test_the_hint_names_where_checkpoints_are_written(tmp_path, tiny_model_path):

@@ -8,7 +8,7 @@ import logging
 import pytest
 from small_run import small_run_kwargs
 
-from coati_relay.config.build import ConfigError, build_run_config
+from coati_relay.assembly.build import ConfigError, build_run_config
 from coati_relay.config.run_dir import default_run_dir, holds_run
 
 

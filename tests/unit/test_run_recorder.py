@@ -6,8 +6,8 @@ import json
 
 from small_run import small_run_kwargs
 
+from coati_relay.assembly.build import build_run_config
 from coati_relay.callbacks import Hooks, StopRun
-from coati_relay.config.build import build_run_config
 from coati_relay.observe.evaluation import eval_metrics
 from coati_relay.observe.metrics import read_metrics
 from coati_relay.observe.recorder import RunRecorder

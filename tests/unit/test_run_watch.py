@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from small_run import small_run_kwargs
 
-from coati_relay.config.build import ConfigError, build_run_config
+from coati_relay.assembly.build import ConfigError, build_run_config
 from coati_relay.observe.metrics import ProgressBar
 from coati_relay.observe.run_result import RunResult
 
@@ -56,7 +56,7 @@ def test_terminal_bar_shows_the_same_fields(tmp_path):
 
 
 def test_known_third_party_warnings_are_filtered_ours_are_not():
-    from coati_relay.config.build import HostDifferenceWarning
+    from coati_relay.assembly.build import HostDifferenceWarning
     from coati_relay.observe import quiet_warnings
 
     noise = [("Please install the latest tensornvme to use async save. pip install git+https://github.com/hpcaitech/"

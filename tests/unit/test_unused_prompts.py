@@ -14,7 +14,7 @@ def _build(tiny_model_path, tmp_path, num_prompts, caplog):
 
     data = str(write_toy_dataset(tmp_path / f"p{num_prompts}.jsonl", num_prompts=num_prompts))
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="coati_relay.config.build"):
+    with caplog.at_level(logging.WARNING, logger="coati_relay.assembly.build"):
         cfg = make_config(tiny_model_path, data)
     return cfg, [r.getMessage() for r in caplog.records if MESSAGE in r.getMessage()]
 

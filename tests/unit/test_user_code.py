@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from coati_relay import algorithms
-from coati_relay.config.build import ConfigError, build_run_config
+from coati_relay.assembly.build import ConfigError, build_run_config
 from coati_relay.rewards import registry as rewards
 from coati_relay.toy import write_toy_dataset
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 
-from coati_relay.config.build import HostDifferenceWarning, warn_host_differences
+from coati_relay.assembly.build import HostDifferenceWarning, warn_host_differences
 from coati_relay.config.user_frame import config_file
 
 

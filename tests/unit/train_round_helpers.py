@@ -119,7 +119,7 @@ def make_config(model_path: str, data_path: str, core_algo: str = "GRPO", consum
                 generate: Optional[Dict] = None, train_model: Optional[Dict] = None, **grpo):
     """A checked `RunConfig` for one producer (8 prompts a round) and ``consumers`` consumers on the ddp plugin, with
     the toy reward; DAPO gets `DAPO_KEYS` (``grpo`` overrides them); ``train_model``: more train_model_config keys."""
-    from coati_relay.config.build import build_run_config
+    from coati_relay.assembly.build import build_run_config
 
     grpo_config = {"lr": 1e-2, "reward_fn_type": "toy_letter", **(DAPO_KEYS if core_algo == "DAPO" else {}), **grpo}
     if microbatch is not None:

@@ -13,7 +13,7 @@ log = logging.getLogger(__name__)
 # Keys of the other sections that the run reads.
 SECTION_KEYS = {"train_dataset_config": ("path", "prompts", "max_length", "system_prompt"),
                 "train_model_config": ("path", "checkpoint_path", "lora", "gradient_checkpointing", "keep_dropout",
-                                       # passed to from_pretrained (coati_relay.config.models.from_pretrained_kwargs)
+                                       # passed to from_pretrained (coati_relay.assembly.models.from_pretrained_kwargs)
                                        "use_flash_attention_2", "use_cache", "torch_dtype", "attn_implementation",
                                        "trust_remote_code"),
                 "critic_model_config": ("path",), "reward_model_config": ("path",)}

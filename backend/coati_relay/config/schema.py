@@ -256,7 +256,7 @@ class Data:
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """Evaluation during training (built by `coati_relay.config.evaluation`)."""
+    """Evaluation during training (built by `coati_relay.assembly.evaluation`)."""
 
     tasks: Dict[str, Data] = meaning(
         CC, "evaluation during training: {task name: a dataset config like train_dataset_config ('path' or "

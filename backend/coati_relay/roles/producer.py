@@ -98,7 +98,7 @@ class ProducerWorker:
         self._load_prompts()
         spec = backend_spec(cfg.roles.inference_backend)
         if spec.generates_in_place:
-            # the config leaves only the spec's in_place_keys here (`coati_relay.config.colocate`)
+            # the config leaves only the spec's in_place_keys here (`coati_relay.assembly.colocate`)
             self.backend = spec.build_on_module(policy, cfg.models.model_path, cfg.sampling, None,
                                                 tokenizer=self.tokenizer, seed=cfg.seed + self.index,
                                                 **cfg.models.inference_model_kwargs)

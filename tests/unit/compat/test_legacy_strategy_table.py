@@ -11,7 +11,7 @@ import torch
 from coati_compat.legacy import strategies
 from coati_compat.legacy.tables import LEGACY_STRATEGIES, STRATEGY_DEFAULTS, plugin_config
 from coati_compat.migrate import migrate_source
-from coati_relay.config.build import _plugin
+from coati_relay.assembly.build import _plugin
 from coati_relay.training import plugins
 
 ROOT = Path(__file__).resolve().parents[3]

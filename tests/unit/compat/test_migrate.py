@@ -314,7 +314,7 @@ def test_cli_writes_script_and_yaml_and_reports(tmp_path, capsys):
 
 
 def test_generated_config_passes_engine_validation(migrations, tiny_model_path, tmp_path):
-    from coati_relay.config.build import build_run_config
+    from coati_relay.assembly.build import build_run_config
     from coati_relay.toy import write_toy_dataset
 
     csv = write_toy_dataset(tmp_path / "prompts.csv", num_prompts=32, fmt="csv")
@@ -412,7 +412,7 @@ def test_community_shaped_four_role_script_becomes_ppo_with_decisions():
 
 
 def test_four_role_example_migration_passes_engine_validation(tiny_model_path, tmp_path):
-    from coati_relay.config.build import build_run_config
+    from coati_relay.assembly.build import build_run_config
     from coati_relay.toy import write_toy_dataset
 
     m = migrate_file(LEGACY / "four_role_ppo.py")

@@ -128,7 +128,7 @@ def test_cli_target_writes_colossalchat_and_refuses_yaml(tmp_path, capsys):
 @pytest.mark.parametrize("algo", ["GRPO", "DAPO", "RLOO", "REINFORCE_PPB"])
 def test_engine_accepts_the_written_call(algo, tiny_model_path, tmp_path):
     """The engine's checks (no actors) pass on the colossalchat target's keywords, every algorithm, both backends."""
-    from coati_relay.config.build import build_run_config
+    from coati_relay.assembly.build import build_run_config
     from coati_relay.toy import write_toy_dataset
 
     csv_path = write_toy_dataset(tmp_path / "prompts.csv", num_prompts=32, fmt="csv")

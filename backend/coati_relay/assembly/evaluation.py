@@ -93,7 +93,7 @@ def _eval_sampling(errors: List[str], gen: Mapping[str, Any], overrides: Mapping
                    backend: str, core_algo: str, prompt_tokens: int) -> tuple:
     """generate_config with n=1, updated by ``overrides`` (ColossalChat: SamplingParams of the merged dict), checked
     as generate_config is for ``backend``; temperature 0 (greedy) is allowed here. Returns (sampling, n)."""
-    from coati_relay.config.sampling import build_sampling
+    from coati_relay.assembly.sampling import build_sampling
 
     n = overrides.get("n", 1)
     if not is_int(n) or n < 1:

@@ -13,14 +13,16 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from coati_relay import algorithms
+from coati_relay.assembly.colocate import check_colocate
+from coati_relay.assembly.evaluation import build_evaluation, build_rollout_log
+from coati_relay.assembly.inference_config import follow_training_precision
+from coati_relay.assembly.models import build_models
+from coati_relay.assembly.sampling import build_sampling
 from coati_relay.checkpoint import CHECKPOINTS_DIR
 from coati_relay.config.algorithm import build_algorithm
 from coati_relay.config.callbacks import check_callbacks, may_stop
 from coati_relay.config.checks import is_int, is_number, is_positive
-from coati_relay.config.colocate import check_colocate
-from coati_relay.config.evaluation import build_evaluation, build_rollout_log
 from coati_relay.config.import_paths import register_algorithm_paths, resolve_callbacks, resolve_reward
-from coati_relay.config.inference import follow_training_precision
 from coati_relay.config.keys import (
     IGNORED_LAUNCH_KEYS,
     IGNORED_SECTION_KEYS,
@@ -29,10 +31,8 @@ from coati_relay.config.keys import (
     closest,
     warn_ignored,
 )
-from coati_relay.config.models import build_models
 from coati_relay.config.report_to import check_report_to
 from coati_relay.config.run_dir import check_given_run_dir, default_run_dir
-from coati_relay.config.sampling import build_sampling
 from coati_relay.config.schema import AlgorithmConfig, Batches, Checkpointing, Data, Plugin, Roles, RunConfig
 from coati_relay.config.user_code import ByValue, UserCode, UserCodeError, comes_with_engine, module_name, user_entries
 from coati_relay.config.user_frame import warn_at_user

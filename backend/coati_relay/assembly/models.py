@@ -1,5 +1,5 @@
 """The model sections of a run: the checkpoints (policy, critic, reward model), the tokenizer, LoRA, and the
-producers' engine keywords (`coati_relay.config.inference`)."""
+producers' engine keywords (`coati_relay.assembly.inference_config`)."""
 from __future__ import annotations
 
 import logging
@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from coati_relay.assembly.inference_config import check_inference_config
 from coati_relay.cluster.devices import flash_attention_available
 from coati_relay.config.checks import Check, is_number, is_positive, is_positive_int
-from coati_relay.config.inference import check_inference_config
 from coati_relay.config.schema import Models, Roles
 from coati_relay.training.booster_backend import LORA_KEYS
 
