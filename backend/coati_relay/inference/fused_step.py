@@ -38,14 +38,6 @@ class ModelStep:
     def release(self) -> None:
         """Nothing held."""
 
-    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """Grouped-query attention of one token. q: [rows, kv_heads, group, d]; keys, values: [rows, kv_heads, K, d];
-        bias: float32 [rows, 1, 1, K] (0 or -inf). The scores [rows, kv_heads, group, K] are float32 whatever the
-        model's dtype, as SDPA keeps them (bfloat16 scores would round a sharp attention's logits by up to 1/256 of
-        their size). Returns [rows, kv_heads, group, d] in q's dtype."""
-        scores = torch.matmul(q.float(), keys.transpose(-1, -2).float()) * self.scale + bias
-        return torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), values)
-
     def __call__(self, feed: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Cache,
                  column: Optional[torch.Tensor] = None) -> torch.Tensor:
         where = {} if column is None else {"cache_position": column}
