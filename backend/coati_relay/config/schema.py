@@ -1,4 +1,4 @@
-"""`RunConfig`: a checked run, in typed sections (built by `coati_relay.config.build_run_config`).
+"""`RunConfig`: a checked run, in typed sections (built by `coati_relay.assembly.build.build_run_config`).
 
 Every field says what it means, and which launch keyword or config key sets it, where it is declared
 (`coati_relay.config.meaning`). Sizes are in prompts unless the name says samples or sequences.

@@ -73,7 +73,7 @@ def migrations():
 
 
 def _tiles(kw):
-    """The engine's size constraints (coati_relay.config.build_run_config) hold for these keywords."""
+    """The engine's size constraints (coati_relay.assembly.build.build_run_config) hold for these keywords."""
     ibs, imbs, np_ = kw["inference_batch_size"], kw["inference_microbatch_size"], kw["num_producers"]
     tbs, nc = kw["train_batch_size"], kw["num_consumer_procs"]
     return (ibs % imbs == 0 and (ibs * np_) % (tbs * nc) == 0 and (ibs * np_ // imbs) % nc == 0
