@@ -38,3 +38,26 @@ def _rank_main(rank: int, port: int, directory: str) -> None:
 def test_every_rank_returns_after_rank_zero_renamed_the_gathered_file(tmp_path):
     run_ranks(_rank_main, (str(tmp_path),), world=2, timeout_s=120)
     assert (tmp_path / "model.pt").read_text() == "weights"
+
+
+def test_only_collective_saves_wait_and_a_booster_is_read_through_its_checkpoint_io():
+    """A legacy script may save the model from rank 0 alone under DDP or LowLevelZero (ZeRO-2 keeps whole
+    parameters): a wait there would never end. Gemini's saves and LowLevelZero's optimizer save gather on every
+    rank. ``booster_save`` is handed a Booster, which holds its plugin's IO."""
+    from types import SimpleNamespace
+
+    from colossalai.booster.plugin.gemini_plugin import GeminiCheckpointIO
+    from colossalai.booster.plugin.low_level_zero_plugin import LowLevelZeroCheckpointIO
+    from colossalai.booster.plugin.torch_ddp_plugin import TorchDDPCheckpointIO
+
+    from coati_relay.training.checkpoint_files import gathers_on_every_rank
+
+    def booster(io_class):
+        return SimpleNamespace(checkpoint_io=io_class.__new__(io_class))  # no process group needed to ask
+
+    assert not gathers_on_every_rank(booster(TorchDDPCheckpointIO), "model")
+    assert not gathers_on_every_rank(booster(TorchDDPCheckpointIO), "optimizer")
+    assert not gathers_on_every_rank(booster(LowLevelZeroCheckpointIO), "model")
+    assert gathers_on_every_rank(booster(LowLevelZeroCheckpointIO), "optimizer")
+    assert gathers_on_every_rank(booster(GeminiCheckpointIO), "model")
+    assert gathers_on_every_rank(GeminiCheckpointIO.__new__(GeminiCheckpointIO), "optimizer")

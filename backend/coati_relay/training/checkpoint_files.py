@@ -88,13 +88,19 @@ def _fsync_tree(path: str) -> None:
 SAVE_BARRIER_S = 1800.0
 
 
-def gathers_on_every_rank(io: Any) -> bool:
-    """Whether ``io``'s saves are collectives (Gemini, LowLevelZero, hybrid parallel: every rank must call them),
-    rather than torch DDP's or the general IO's writes from rank 0, which a script may call on rank 0 alone."""
-    from colossalai.booster.plugin.torch_ddp_plugin import TorchDDPCheckpointIO
-    from colossalai.checkpoint_io import GeneralCheckpointIO
+def gathers_on_every_rank(io: Any, what: str) -> bool:
+    """Whether saving ``what`` (``"model"`` or ``"optimizer"``) through ``io`` (a checkpoint IO, or a Booster holding
+    one) is a collective that every rank calls: Gemini's and hybrid parallel's saves gather the shards to rank 0, and
+    LowLevelZero's optimizer save gathers its state. Torch DDP's and the general IO's saves, and LowLevelZero's model
+    save, write from rank 0 without the others, so a script may call them on rank 0 alone."""
+    from colossalai.booster.plugin.gemini_plugin import GeminiCheckpointIO
+    from colossalai.booster.plugin.low_level_zero_plugin import LowLevelZeroCheckpointIO
+    from colossalai.checkpoint_io import HybridParallelCheckpointIO
 
-    return type(io) not in (GeneralCheckpointIO, TorchDDPCheckpointIO)
+    io = getattr(io, "checkpoint_io", io)
+    if isinstance(io, (GeminiCheckpointIO, HybridParallelCheckpointIO)):
+        return True
+    return what == "optimizer" and isinstance(io, LowLevelZeroCheckpointIO)
 
 
 def booster_save(io: Any, what: str, obj: Any, path: str, shard: bool, **kwargs: Any) -> None:
@@ -103,8 +109,8 @@ def booster_save(io: Any, what: str, obj: Any, path: str, shard: bool, **kwargs:
     leaves the previous checkpoint whole. A directory already at ``path`` is moved aside (``.replaced.<name>``) for
     the rename and removed after it. Rank 0 is the only writer: the IOs of the data-parallel plugins this engine
     runs gather the state there. Where that gather is a collective (`gathers_on_every_rank`), the ranks then wait
-    for rank 0's rename (at most `SAVE_BARRIER_S`), so a load that follows on any rank finds the file; torch DDP's
-    and the general IO add no wait, so a script that saves from rank 0 alone still can."""
+    for rank 0's rename (at most `SAVE_BARRIER_S`), so a load that follows on any rank finds the file; elsewhere no
+    wait is added, so a script that saves from rank 0 alone still can."""
     path = os.path.abspath(os.fspath(path))
     save = getattr(io, f"save_{what}")
     if kwargs.get("use_async"):  # the IO finishes the file later: nothing to rename yet
@@ -134,7 +140,7 @@ def booster_save(io: Any, what: str, obj: Any, path: str, shard: bool, **kwargs:
         else:
             os.replace(tmp, path)
         _fsync_dir(directory)
-    if gathers_on_every_rank(io):
+    if gathers_on_every_rank(io, what):
         from coati_relay.training.distributed import barrier
 
         try:
