@@ -68,7 +68,7 @@ class _Bucket:
         empty = torch.zeros(rows, heads, 0, head_dim, dtype=model.dtype, device=device)
         for layer in self.cache.layers:
             layer.lazy_initialization(empty, empty)
-        self.rows, self.capacity = rows, capacity
+        self.capacity = capacity
         self.mask = torch.zeros(rows, capacity, dtype=torch.long, device=device)
         self.noise = torch.empty(rows, model.get_input_embeddings().num_embeddings, device=device)
         self.column = torch.zeros(1, dtype=torch.long, device=device)  # the cache column a step writes
