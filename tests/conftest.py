@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import signal
 import sys
@@ -49,6 +50,21 @@ def process_group_env_restored():
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture
+def dynamo_warnings():
+    """The warnings torch._dynamo logs meanwhile, as messages (its loggers do not reach pytest's capture)."""
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    handler, logger = Keep(level=logging.WARNING), logging.getLogger("torch._dynamo")
+    logger.addHandler(handler)
+    yield records
+    logger.removeHandler(handler)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 
-import pytest
 import torch
 
 from coati_relay.config.schema import SamplingConfig
@@ -16,21 +15,6 @@ from coati_relay.inference import captured_decode
 from coati_relay.inference.captured_decode import MAX_BUCKETS, CapturedDecoder
 from coati_relay.inference.transformers_backend import TransformersBackend
 from coati_relay.toy import build_tiny_model
-
-
-@pytest.fixture
-def dynamo_warnings():
-    """The warnings torch._dynamo logs meanwhile (its loggers do not reach pytest's capture)."""
-    records = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            records.append(record.getMessage())
-
-    handler, logger = Keep(level=logging.WARNING), logging.getLogger("torch._dynamo")
-    logger.addHandler(handler)
-    yield records
-    logger.removeHandler(handler)
 
 
 def _backend(max_new_tokens: int, exact_window: bool = True) -> TransformersBackend:
