@@ -142,7 +142,7 @@ def _drive(cfg: RunConfig, hooks) -> RunResult:
     if cfg.roles.colocate:
         from coati_relay.roles.colocated import ColocatedRoles
 
-        roles = ColocatedRoles(cfg, start)
+        roles = ColocatedRoles(cfg, start, queue_bounds(cfg))
     else:
         roles = ActorRoles(cfg, start, hooks)
     recorder = None
@@ -283,7 +283,7 @@ class ActorRoles:
 
     def verdict(self, step: int, stop: bool) -> None:
         """The driver's word on the round that ended at ``step``, for the consumers waiting at the stop gate."""
-        if self.cfg.stop_gate:
+        if self.cfg.verdict_each_round:
             import ray
 
             ray.get(self.queue.set_verdict.remote(step, stop), timeout=30)

@@ -1,4 +1,4 @@
-"""Bounded waits: inside async Ray actors, and on the results of Ray calls."""
+"""Bounded waits: inside async Ray actors, and on the results of Ray calls (`call`, `get_within`)."""
 from __future__ import annotations
 
 import asyncio
@@ -49,3 +49,13 @@ def get_within(refs: List, timeout_s: float, what: str) -> List:
         _, pending = ray.wait(list(refs), num_returns=len(refs), timeout=0)
         raise TimeoutError(f"{what}: {len(pending)} of {len(refs)} calls still pending after "
                            f"{timeout_s:.0f}s") from None
+
+
+def call(method, *args, timeout_s: float, **kwargs):
+    """Calls ``method``: a Ray actor's (``.remote``, then ``ray.get`` within ``timeout_s``) or a plain one in this
+    process (a colocated run's in-process handles, `coati_relay.exchange.in_process`), which bounds its own waits."""
+    if hasattr(method, "remote"):
+        import ray
+
+        return ray.get(method.remote(*args, **kwargs), timeout=timeout_s)
+    return method(*args, **kwargs)

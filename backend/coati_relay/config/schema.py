@@ -425,6 +425,12 @@ class RunConfig:
         (`coati_relay.launch_zero_bubble`)."""
         return self.roles.buffer_prompts > 0
 
+    @property
+    def verdict_each_round(self) -> bool:
+        """Consumers wait for the driver's verdict after each round: where a hook may stop the run (``stop_gate``),
+        and in every colocated run, which a signal stops there."""
+        return self.stop_gate or self.roles.colocate
+
     def version_needed(self, task: int) -> Optional[int]:
         """The oldest weight version a producer may run ``task`` with: task t belongs to round
         ``t // tasks_per_round``, which trains on rollouts at most ``n_behind`` versions old; None without a

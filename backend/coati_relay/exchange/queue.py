@@ -12,11 +12,14 @@ are dropped, counted, and their tasks made again. Conservation holds at every mo
 `LocalRolloutQueue` is the same hand-off for the threads of one process (the legacy trainer's buffer, which receives
 its experience as call arguments): its entries hold the payloads themselves, which never enter the object store.
 
-The queue actor hosts three small components: this hand-off (`RolloutQueueState`), the `TaskBoard` producers claim
-their tasks from (`coati_relay.exchange.task_board`), and the `ReportLog` of consumer metrics the driver reads
-(`coati_relay.observe.metrics`). They share an actor so that a producer's death drops its entries and requeues their
-tasks
-at once.
+The queue actor (`RolloutQueueActor`) holds four small parts: this hand-off (`RolloutQueueState`), the `TaskBoard`
+producers claim their tasks from (`coati_relay.exchange.task_board`), the `ReportLog` of consumer metrics the driver
+reads (`coati_relay.observe.metrics`), and the driver's verdict on each round (two numbers). They are one actor
+because each step of the run touches two of them at once, and one actor's calls run one at a time: a put finishes
+its task on the board, a get may put stale entries' tasks back on it, a producer's death drops its entries and
+requeues their tasks, and a consumer that reports a round then waits for that round's verdict. Split into actors,
+each of these would be two calls with a window between them. A colocated run calls the same object in its own
+process (`coati_relay.exchange.in_process.InProcessQueue`).
 """
 from __future__ import annotations
 

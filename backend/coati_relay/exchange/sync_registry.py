@@ -4,6 +4,10 @@ the producer look it up by ``weight_sync`` (`weight_sync_spec`) instead of compa
 The built-in ones register where they are written: ``"object_store"`` in `coati_relay.exchange.weight_sync`,
 ``"collective"`` in `coati_relay.exchange.weight_sync_collective`. Adding one is a spec like theirs passed to
 `register_weight_sync`.
+
+A registration holds in the process that makes it: the driver's checks and a colocated run (in the driver's
+process) see it, but a disaggregated run's Ray actors import only the built-in ones (`coati_relay.exchange`
+imports them), so a new weight sync reaches them only from a module they import too.
 """
 from __future__ import annotations
 

@@ -3,6 +3,10 @@ colocated run look it up by ``inference_backend`` (`backend_spec`) instead of co
 
 The built-in ones register in `coati_relay.inference.vllm_spec` and `coati_relay.inference.transformers_spec`, which
 import their backend only when it is built. Adding one is a spec like theirs passed to `register_backend`.
+
+A registration holds in the process that makes it: the driver's checks and a colocated run (in the driver's
+process) see it, but a disaggregated run's Ray actors import only the built-in ones (`coati_relay.inference`
+imports them), so a new backend reaches them only from a module they import too.
 """
 from __future__ import annotations
 

@@ -172,13 +172,17 @@ class TransformersBackend:
         return preallocated_cache(prefilled, layers, capacity)
 
     def load_weights(self, version: int, tensors: Dict[str, torch.Tensor]) -> None:
-        """Copies the named weights (HF names, any subset) into the model and records ``version``."""
+        """Copies the named weights (HF names, any subset) into the model and records ``version``. A shared backend
+        (generating with a model trained in this process) takes a version with no tensors: its model holds it."""
         if self.model is None:
             raise RuntimeError("TransformersBackend.load_weights: the backend was closed; build a new one")
         if self.shared:
-            raise RuntimeError("TransformersBackend.load_weights: this backend generates with a model trained in this "
-                               "process and reads its weights in place; update that model instead (and set "
-                               "weight_version)")
+            if tensors:
+                raise RuntimeError("TransformersBackend.load_weights: this backend generates with a model trained in "
+                                   "this process and reads its weights in place; update that model instead (and "
+                                   "load the version with no tensors)")
+            self.weight_version = version
+            return
         check_weight_update(tensors, self._shapes, version, type(self).__name__)
         with torch.no_grad():
             for name, t in tensors.items():

@@ -1,15 +1,18 @@
 """The colocated placement: one producer and one consumer rank in the driver's process (`ColocatedRoles`).
 
-No Ray: no cluster, actors, queue or weight store. Each round the producer part generates the round's tasks, scores
-them, and the consumer part trains on them (`ConsumerWorker.finish_round`). The driver (`coati_relay.launch.run`) is
-the disaggregated run's: it records the rounds, evaluations and the checkpoint a stop saves, and builds the
-`RunResult`; prompts, scoring, training, metrics and checkpoints are the same code in both placements.
+No Ray: no cluster, actors or object store. The roles run the loops of a disaggregated run with in-process handles
+in place of the actors (`coati_relay.exchange.in_process`): the consumer's `ConsumerWorker.run` asks the
+`InProcessQueue` for each round's rollouts, the queue has the producer make them (`ProducerWorker.work_once`: its
+task, scoring and evaluation), and the driver (`coati_relay.launch.run`) records the rounds, gives each round's
+verdict (a hook's stop, or a signal's) and builds the `RunResult`. One thread: generation and training take turns,
+as the on-policy run (``n_behind=0``) needs.
 
 What the inference backend's `BackendSpec` (`coati_relay.inference.registry`) says decides how it generates:
 
 - one that ``generates_in_place`` (transformers): generation runs on the consumer's training model itself (eval
   mode, ``no_grad``; `TransformersBackend.around`), so the next round reads the trained weights in place: one copy
-  of the policy, nothing published or loaded.
+  of the policy, nothing published or loaded (the producer takes each version with no tensors,
+  `coati_relay.exchange.in_process.TrainedVersions`).
 - any other (vLLM): the engine runs in this process with its own copy of the weights (vLLM's layers fuse q/k/v and
   gate/up, and on the CPU it packs each linear weight into its GEMM kernel's layout after loading, so it cannot read
   the training model's parameters); after each round the consumer hands the trained weights to it directly through
@@ -25,11 +28,11 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from coati_relay.cluster.environ import restore_environ
 from coati_relay.config.schema import RunConfig
+from coati_relay.exchange.in_process import InProcessQueue, TrainedVersions
 from coati_relay.exchange.sync_registry import weight_sync_spec
 from coati_relay.observe.interrupt import StopOnSignal
 
@@ -47,36 +50,41 @@ def training_reserve_bytes(backends: Dict[str, Any]) -> int:
 
 class ColocatedRoles:
     """The roles of a colocated run (`coati_relay.config.schema.RunConfig`) resumed from the checkpoint state
-    ``start`` (``{"round": 0}`` for a fresh run), for the driver: `start`, `train`, `verdict`, `interrupted`,
-    `close`, then `stop_checkpoint`, `signalled` and `result_fields`.
+    ``start`` (``{"round": 0}`` for a fresh run), with the queue's ``bounds`` (`coati_relay.launch.queue_bounds`),
+    for the driver: `start`, `train`, `verdict`, `interrupted`, `close`, then `stop_checkpoint`, `signalled` and
+    `result_fields`, as `coati_relay.launch.ActorRoles`.
 
     Leaves ``os.environ`` as it found it (`close`): an engine in this process sets variables (vLLM: ``LD_PRELOAD``,
     ``LOCAL_RANK``, ``RAY_CLIENT_MODE``, inductor settings, ...) that processes started afterwards would inherit.
-    The first Ctrl-C or SIGTERM finishes the round, saves a checkpoint and stops (`StopOnSignal`)."""
+    The first Ctrl-C or SIGTERM finishes the round, saves a checkpoint and stops (`StopOnSignal`, at the round's
+    verdict: `RunConfig.verdict_each_round`)."""
 
-    def __init__(self, cfg: RunConfig, start: Dict[str, Any]) -> None:
+    def __init__(self, cfg: RunConfig, start: Dict[str, Any], bounds: Dict[str, Any]) -> None:
         self.cfg = cfg
         self.start_round = int(start.get("round", 0))
+        self.bounds = bounds
         self.environ = dict(os.environ)
         self.signal: Optional[StopOnSignal] = None  # installed while the rounds run
-        self.stopping = False  # a hook asked the run to stop at the round just recorded
-        self.stopped_at: Optional[Tuple[int, str]] = None  # (step, checkpoint) a stop saved
-        self.counters = {"produced": 0, "consumed": 0, "dropped": 0, "in_flight": 0, "produced_samples": 0,
-                         "consumed_samples": 0}
+        self.results: Dict[str, Any] = {}  # what the consumer's loop returned
+        self.counters: Dict[str, Any] = {}  # the queue's, as the loop ended
 
     def start(self) -> None:
-        """Loads the consumer (its policy first), then the producer beside it."""
+        """Loads the consumer (its policy first), then the producer beside it, around the in-process queue."""
         from coati_relay.roles.consumer import ConsumerWorker
         from coati_relay.roles.producer import ProducerWorker
 
         cfg, start_round = self.cfg, self.start_round
         cfg.checkpointing.run_dir.mkdir(parents=True, exist_ok=True)
-        self.consumer = consumer = ConsumerWorker(0, cfg, queue=None, weight_store=None)
+        self.queue = queue = InProcessQueue(lambda: self.producer.work_once(), lambda: self.producer.backend.sleep(),
+                                            **self.bounds, total_tasks=cfg.total_rounds * cfg.tasks_per_round,
+                                            first_task=start_round * cfg.tasks_per_round)
+        self.consumer = consumer = ConsumerWorker(0, cfg, queue=queue, weight_store=None)
         policy = consumer.setup_colocated()
         if consumer.round != start_round:
             raise RuntimeError(f"colocated run: the checkpoint put the consumer at round {consumer.round}, the "
                                f"driver read round {start_round}; resume_from points at an inconsistent checkpoint")
-        self.producer = producer = ProducerWorker(0, cfg, queue=None, weight_store=None, start_version=start_round)
+        self.producer = producer = ProducerWorker(0, cfg, queue=queue, start_version=start_round,
+                                                  weight_store=TrainedVersions(lambda: consumer.round))
         producer.setup_colocated(policy, training_reserve_bytes(consumer.backends))  # the trainer loaded first
         if not producer.backend.shared:
             consumer.publisher = weight_sync_spec(cfg.roles.weight_sync).colocated_publisher(producer.backend)
@@ -84,46 +92,26 @@ class ColocatedRoles:
                 consumer.publisher.publish(start_round, tensors=consumer.policy.state_dict_for_inference())
 
     def train(self, on_report: Callable[[Dict[str, Any]], None]) -> None:
-        """Runs the rounds, passing each evaluation report and round record to ``on_report``, until the last round,
-        a stop (`verdict`) or a signal; a stop after a round that saved no checkpoint saves one."""
-        cfg, producer, consumer = self.cfg, self.producer, self.consumer
+        """Runs the consumer's loop, passing each evaluation report and round record to ``on_report``, until the
+        last round or a stop (`verdict`)."""
         self.signal = StopOnSignal("finishing this round and saving a checkpoint").install()
-        for r in range(self.start_round, cfg.total_rounds):
-            t0 = time.perf_counter()
-            if producer.backend.shared:
-                producer.backend.weight_version = r  # the policy holds round r's weights: trained in place
-            report = producer.maybe_evaluate()
-            if report is not None:
-                on_report(report)
-                t0 = time.perf_counter()  # the round's time leaves the evaluation out
-            tasks = range(r * cfg.tasks_per_round, (r + 1) * cfg.tasks_per_round)
-            made = [producer.make_rollout(task) for task in tasks]
-            producer.backend.sleep()  # vLLM hands its GPU memory to training; the publisher wakes it
-            rollouts = [rollout for rollout, _ in made]
-            metrics = consumer.finish_round(rollouts, [meta for _, meta in made], [r] * len(made), t0,
-                                            wait_s=time.perf_counter() - t0)
-            prompts = sum(x.num_prompts for x in rollouts)
-            for key in ("produced", "consumed"):
-                self.counters[key] += len(made)
-                self.counters[f"{key}_samples"] += prompts
-            on_report(metrics)
-            if self.stopping or self.signal.requested:
-                if "checkpoint" not in metrics:
-                    self.stopped_at = consumer.round, consumer.save(consumer.round)
-                break
+        self.queue.on_report = on_report
+        self.results = self.consumer.run()
+        self.counters = self.queue.counters()
 
     def verdict(self, step: int, stop: bool) -> None:
-        """The driver's word on the round that ended at ``step``: True stops the run there."""
-        self.stopping = stop
+        """The driver's word on the round that ended at ``step``: True, or a signal since, stops the run there."""
+        self.queue.set_verdict(step, stop or self.signal.requested)
 
     def interrupted(self) -> None:
         """A second signal: nothing to add, `close` stops what runs as on any way out."""
 
     def close(self) -> None:
-        """Puts back the signal handlers and ``os.environ``; closes the engine and the profilers once trained."""
+        """Puts back the signal handlers and ``os.environ``; closes the queue, the engine and the profilers."""
         try:
             if self.signal is not None:
                 self.signal.restore()
+                self.queue.close("the run ended")
                 self.producer.backend_close()
                 self.producer.profiler.close()
                 self.consumer.profiler.close()
@@ -131,8 +119,9 @@ class ColocatedRoles:
             restore_environ(self.environ)
 
     def stop_checkpoint(self) -> Optional[Tuple[int, str]]:
-        """(step, path) of the checkpoint a stop saved after a round that saved none; None otherwise."""
-        return self.stopped_at
+        """(step, path) of the checkpoint the run's stop saved or found; None where it ran to its end."""
+        path = self.results.get("checkpoint")
+        return (self.results["last_round"], path) if path else None
 
     def signalled(self) -> bool:
         """True where a signal stopped the run before its last round."""

@@ -20,6 +20,7 @@ from coati_relay import algorithms as algos
 from coati_relay.checkpoint import save_due
 from coati_relay.cluster.heap import trim_heap
 from coati_relay.cluster.placement import node_id
+from coati_relay.cluster.waiting import call
 from coati_relay.config.schema import RunConfig
 from coati_relay.exchange.publishing import WeightPublisher
 from coati_relay.exchange.queue import unpack_payloads
@@ -36,7 +37,8 @@ log = logging.getLogger(__name__)
 
 class ConsumerWorker:
     """One data-parallel rank, run as a Ray actor: it reads the queue and reports metrics through Ray. In a
-    colocated run `coati_relay.roles.colocated.ColocatedRoles` calls `setup_colocated` and `finish_round` instead."""
+    colocated run (`coati_relay.roles.colocated.ColocatedRoles`) it is the one rank, in the driver's process, set up
+    by `setup_colocated`; its queue is an in-process handle (`coati_relay.exchange.in_process.InProcessQueue`)."""
 
     def __init__(self, rank: int, cfg: RunConfig, queue, weight_store):
         self.rank = rank
@@ -104,8 +106,8 @@ class ConsumerWorker:
                 "start_round": self.round}
 
     def setup_colocated(self) -> nn.Module:
-        """Set-up in a colocated run (one rank in the driver's process, no publisher): returns the policy module
-        being trained, for the producer to generate with in place."""
+        """Set-up in a colocated run (one rank in the driver's process; the caller sets the publisher): returns the
+        policy module being trained, for the producer to generate with in place."""
         seed_everything(self.cfg.seed)
         self._start_profiling()
         self._load()
@@ -189,35 +191,33 @@ class ConsumerWorker:
     def _take(self, n: int, r: int) -> Tuple[List[Any], List[Rollout]]:
         """``n`` queue entries for round ``r`` and their rollouts. A rollout whose object died with its producer
         (the producer's node was lost after the entry left the queue) is reported to the queue, which puts its task
-        back on the board, and another entry replaces it. Zero-bubble: the entries are taken one by one."""
-        import ray
-
+        back on the board, and another entry replaces it. Zero-bubble: the entries are taken one by one. Colocated:
+        the entries hold the rollouts themselves."""
         timeout = self.cfg.roles.timeout_s
         entries: List[Any] = []
         rollouts: List[Rollout] = []
         while len(entries) < n:
             # zero-bubble: one entry at a time, so that each frees its prompts in the data buffer as it arrives
             want = 1 if self.cfg.zero_bubble else n - len(entries)
-            got = ray.get(self.queue.get.remote(want, timeout, r), timeout=timeout + 30)
-            fetched = unpack_payloads([e.payload for e in got], timeout)
+            got = call(self.queue.get, want, timeout, r, timeout_s=timeout + 30)
+            payloads = [e.payload for e in got]
+            fetched = payloads if self.cfg.roles.colocate else unpack_payloads(payloads, timeout)
             lost = [e for e, x in zip(got, fetched) if x is None]
             if lost:
                 log.warning("consumer-%d: %d rollout(s) of %s died with their producer; their tasks go back on "
                             "the board", self.rank, len(lost), sorted({e.producer for e in lost}))
-            ray.get(self.queue.entries_taken.remote([e.task for e, x in zip(got, fetched) if x is not None],
-                                                    [e.task for e in lost]), timeout=30)
+            call(self.queue.entries_taken, [e.task for e, x in zip(got, fetched) if x is not None],
+                 [e.task for e in lost], timeout_s=30)
             entries += [e for e, x in zip(got, fetched) if x is not None]
             rollouts += [x for x in fetched if x is not None]
         return entries, rollouts
 
     def run(self) -> Dict[str, int]:
         """Trains every remaining round; returns ``{"rounds": rounds trained, "last_round": the round reached,
-        "weights_digest": `weights_digest`}``.
+        "weights_digest": `weights_digest`}``, with ``"checkpoint"`` where the driver's verdict stopped the run.
 
         Rank 0 posts each round's metrics to the queue's report log, where the driver collects the run's history;
         no rank keeps them (a run of any length holds no per-round record here)."""
-        import ray
-
         first = self.round
         while self.round < self.cfg.total_rounds:
             t0 = time.perf_counter()
@@ -226,10 +226,10 @@ class ConsumerWorker:
             metrics = self.finish_round(rollouts, [e.meta for e in entries], [e.version for e in entries], t0,
                                         wait_s=time.perf_counter() - t0)
             if self.rank == 0:
-                ray.get(self.queue.report.remote(metrics), timeout=30)
-            if self.cfg.stop_gate and self.round < self.cfg.total_rounds:  # a driver's hook may stop the run here
+                call(self.queue.report, metrics, timeout_s=30)
+            if self.cfg.verdict_each_round and self.round < self.cfg.total_rounds:  # a hook or signal may stop it
                 timeout = self.cfg.roles.timeout_s
-                if ray.get(self.queue.verdict.remote(self.round, timeout), timeout=timeout + 30):
+                if call(self.queue.verdict, self.round, timeout, timeout_s=timeout + 30):
                     return {"rounds": self.round - first, "last_round": self.round,
                             "checkpoint": metrics.get("checkpoint") or self.save(self.round)}
             if self.round % 20 == 0:  # what the rounds freed leaves the RSS (coati_relay.cluster.heap)

@@ -24,6 +24,7 @@ import torch
 
 from coati_relay.cluster.heap import trim_heap
 from coati_relay.cluster.placement import node_id
+from coati_relay.cluster.waiting import call
 from coati_relay.config.schema import RunConfig
 from coati_relay.exchange.publishing import WeightSubscriber
 from coati_relay.exchange.queue import pack_payload
@@ -38,8 +39,10 @@ _POLL_S = 2.0  # how often a producer waiting for weights looks for tasks a dead
 
 class ProducerWorker:
     """One producer, run as a Ray actor: its rollouts go to the queue (small ones by value, others through the object
-    store: `pack_payload`); the queue and weight store may be actor handles or local objects. In a colocated run
-    (`coati_relay.roles.colocated.ColocatedRoles`) it has neither: that calls `setup_colocated` and `make_rollout`."""
+    store: `pack_payload`). In a colocated run (`coati_relay.roles.colocated.ColocatedRoles`) it lives in the
+    driver's process, set up by `setup_colocated`: the queue and the weight store are in-process handles
+    (`coati_relay.exchange.in_process`), the queue holds the rollouts themselves, and the queue runs `work_once`
+    when the consumer asks for rollouts."""
 
     evaluator = None  # `coati_relay.observe.evaluation.Evaluator` when the run evaluates (set up in `setup`)
     rollout_log = None  # `coati_relay.observe.rollout_log.RolloutLog` on producer 0
@@ -83,11 +86,12 @@ class ProducerWorker:
                 "backend": cfg.roles.inference_backend}
 
     def setup_colocated(self, policy: torch.nn.Module, reserve_bytes: int = 0) -> None:
-        """Set-up in a colocated run, without a weight subscriber. A backend that ``generates_in_place``
-        (transformers) generates with ``policy`` (the consumer's unwrapped training model) in place, and the caller
-        sets ``backend.weight_version`` as the policy trains; any other (vLLM) is an engine in this process with its
-        own copy of the checkpoint, which the caller loads each trained version into (the weight sync's
-        ``colocated_publisher``, `coati_relay.exchange.in_process.InProcessPublisher`). Such an engine starts last,
+        """Set-up in a colocated run, where the weight store is also the subscriber
+        (`coati_relay.exchange.in_process.TrainedVersions`). A backend that ``generates_in_place`` (transformers)
+        generates with ``policy`` (the consumer's unwrapped training model) in place, taking each trained version
+        without tensors; any other (vLLM) is an engine in this process with its own copy of the checkpoint, which the
+        consumer loads each trained version into (the weight sync's ``colocated_publisher``,
+        `coati_relay.exchange.in_process.InProcessPublisher`). Such an engine starts last,
         after the reward model loaded, sized by its spec's ``fit_beside_trainer`` to what the trainer and the reward
         model left of the device, ``reserve_bytes`` kept for the trainer's first step."""
         from coati_relay.cluster.devices import accelerator_device
@@ -109,6 +113,7 @@ class ProducerWorker:
             kwargs = cfg.models.inference_model_kwargs
             self.backend = self._build_backend(kwargs if fit is None else fit(kwargs, reserve_bytes))
         self.backend.weight_version = self.start_version
+        self.subscriber = self.store
         self._setup_observers()
 
     def _build_backend(self, engine_kwargs: Optional[Dict[str, Any]] = None):
@@ -187,6 +192,11 @@ class ProducerWorker:
         self._load_fetched(*self.subscriber.fetch(min_version, timeout_s=timeout_s))
 
     def _load_fetched(self, version: int, tensors: Dict[str, torch.Tensor]) -> None:
+        """Loads ``version``; one with no tensors (colocated, generating in place: `TrainedVersions`) moves nothing
+        and counts as no load."""
+        if not tensors:
+            self.backend.load_weights(version, tensors)
+            return
         t0 = time.perf_counter()
         self.backend.load_weights(version, tensors)
         self.last_load_s = self.subscriber.last_transfer_s + time.perf_counter() - t0  # waiting not counted
@@ -195,7 +205,7 @@ class ProducerWorker:
         log.debug("%s loaded weights v%d in %.3fs", self.name, version, self.last_load_s)
 
     def _latest_version(self) -> Optional[int]:
-        return _call(self.store.latest_version, timeout_s=30)
+        return call(self.store.latest_version, timeout_s=30)
 
     def _ensure_version(self, needed: int) -> None:
         """Blocks until weights of version >= ``needed`` are loaded, running orphaned tasks meanwhile."""
@@ -208,7 +218,7 @@ class ProducerWorker:
             try:
                 fetched = self.subscriber.fetch(needed, timeout_s=_POLL_S)
             except TimeoutError:  # also Ray's GetTimeoutError and RayTaskError(TimeoutError)
-                orphan = _call(self.queue.claim_task, self.name, True, timeout_s=30)
+                orphan = call(self.queue.claim_task, self.name, True, timeout_s=30)
                 if orphan is not None and orphan >= 0:
                     self._run_task(orphan)
             else:  # outside the handler: a subscriber hands a version out once, a failed load must not lose it
@@ -335,17 +345,18 @@ class ProducerWorker:
         rollout, meta = self.make_rollout(task)
         self.task_log.append(task, rollout.weight_version, start, time.time())
         timeout_s = self.cfg.roles.timeout_s
-        payload = pack_payload(rollout, rollout.nbytes)
+        # colocated: the queue is in this process and holds the rollout itself
+        payload = rollout if self.cfg.roles.colocate else pack_payload(rollout, rollout.nbytes)
         t0 = time.perf_counter()
         with self.profiler.phase("send", task // self.cfg.tasks_per_round):
-            _call(self.queue.put, payload, rollout.weight_version, rollout.num_prompts, self.name, task,
-                  timeout_s, meta, timeout_s=timeout_s + 30)
+            call(self.queue.put, payload, rollout.weight_version, rollout.num_prompts, self.name, task,
+                 timeout_s, meta, timeout_s=timeout_s + 30)
         self.stats["room_wait_s"] += time.perf_counter() - t0
 
     def _wait_room(self) -> None:
         """Zero-bubble: blocks while the queue's data buffer is full."""
         t0 = time.perf_counter()
-        _call(self.queue.wait_room, self.cfg.roles.timeout_s, timeout_s=self.cfg.roles.timeout_s + 30)
+        call(self.queue.wait_room, self.cfg.roles.timeout_s, timeout_s=self.cfg.roles.timeout_s + 30)
         self.stats["room_wait_s"] += time.perf_counter() - t0
 
     def _pick_up_newest(self) -> None:
@@ -356,46 +367,46 @@ class ProducerWorker:
 
     def run(self) -> Dict[str, Any]:
         """Works until the board is empty; returns this producer's counters and its ``task_log``."""
-        cfg = self.cfg
-        zero_bubble = cfg.zero_bubble
-        per_batch = cfg.batches.inference_batch_size // cfg.batches.inference_microbatch_size
-        while True:
-            if zero_bubble:
-                self._wait_room()
-            task = _call(self.queue.claim_task, self.name, timeout_s=30)
-            if task is None:
-                break
-            if task < 0:
-                t0 = time.perf_counter()
-                time.sleep(0.05 if zero_bubble else 0.2)
-                self.stats["claim_idle_s"] += time.perf_counter() - t0
-                continue
-            with self.profiler.phase("sync_model", task // cfg.tasks_per_round):
-                needed = cfg.version_needed(task)
-                if not zero_bubble:
-                    self._ensure_version(needed)
-                elif needed is not None and self.backend.weight_version < needed:
-                    self._ensure_version(needed)
-            report = self.maybe_evaluate()
-            if report is not None:
-                _call(self.queue.report, report, timeout_s=30)
-            self._run_task(task)
-            if zero_bubble and self.stats["tasks"] % per_batch == 0:
-                self._pick_up_newest()
-            if self.stats["tasks"] % 40 == 0:
-                trim_heap()
+        while self.work_once() is not None:
+            pass
         self.backend_close()
         self.profiler.close()
         return {**self.stats, "task_log": self.task_log.rows()}
 
+    def work_once(self) -> Optional[int]:
+        """One turn of the producer's loop: claims a task, loads the weights it needs, evaluates when due and makes
+        the task's rollout into the queue. Returns the task; -1 where none was free (after a short sleep), None once
+        the board is empty. A colocated run's queue calls it when its consumer asks for rollouts
+        (`coati_relay.exchange.in_process.InProcessQueue`)."""
+        cfg = self.cfg
+        zero_bubble = cfg.zero_bubble
+        if zero_bubble:
+            self._wait_room()
+        task = call(self.queue.claim_task, self.name, timeout_s=30)
+        if task is None:
+            return None
+        if task < 0:
+            t0 = time.perf_counter()
+            time.sleep(0.05 if zero_bubble else 0.2)
+            self.stats["claim_idle_s"] += time.perf_counter() - t0
+            return task
+        with self.profiler.phase("sync_model", task // cfg.tasks_per_round):
+            needed = cfg.version_needed(task)
+            if not zero_bubble:
+                self._ensure_version(needed)
+            elif needed is not None and self.backend.weight_version < needed:
+                self._ensure_version(needed)
+        report = self.maybe_evaluate()
+        if report is not None:
+            call(self.queue.report, report, timeout_s=30)
+        self._run_task(task)
+        per_batch = cfg.batches.inference_batch_size // cfg.batches.inference_microbatch_size
+        if zero_bubble and self.stats["tasks"] % per_batch == 0:
+            self._pick_up_newest()
+        if self.stats["tasks"] % 40 == 0:
+            trim_heap()
+        return task
+
     def backend_close(self) -> None:
         self.backend.close()
 
-
-def _call(method, *args, timeout_s: float, **kwargs):
-    """Calls a Ray actor method (``.remote`` + ``ray.get`` with a timeout) or a plain method."""
-    if hasattr(method, "remote"):
-        import ray
-
-        return ray.get(method.remote(*args, **kwargs), timeout=timeout_s)
-    return method(*args, **kwargs)
