@@ -17,8 +17,9 @@ _PARTS: Dict[str, str] = {
     "value_loss": "coati_relay.algorithms",
     "response_mask": "coati_relay.rollout",
     "get_reward_fn": "coati_relay.rewards",
-    # config: the algorithm keys' checks and defaults (the rewriter's default learning rate)
+    # config: the algorithm keys' checks and defaults (the rewriter's default learning rate), and their predicates
     "ALGORITHM_KEYS": "coati_relay.config.algorithm",
+    "is_positive": "coati_relay.config.checks",
     # training: the one place that builds a Booster, steps, saves and gathers
     "TrainingBackend": "coati_relay.training.booster_backend",
     "BackendSet": "coati_relay.training.backend_set",

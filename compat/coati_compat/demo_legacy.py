@@ -155,7 +155,9 @@ def run_legacy_ppo(model_path: str, csv_path: str, run_dir: str, num_makers: int
                              ("steps", steps, 1), ("batch_size", batch_size, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"run_legacy_ppo: {name} must be an int >= {low}, got {value!r}")
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+    from coati_relay.parts import is_positive
+
+    if not is_positive(lr):
         raise ValueError(f"run_legacy_ppo: lr must be a positive number, got {lr!r}")
     if isinstance(kl_coef, bool) or not isinstance(kl_coef, (int, float)):
         raise ValueError(f"run_legacy_ppo: kl_coef must be a number, got {kl_coef!r}")

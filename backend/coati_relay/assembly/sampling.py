@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Mapping
 
 from coati_relay.config.checks import is_int, is_number
 from coati_relay.config.keys import closest, warn_ignored
+from coati_relay.config.meaning import default_of
 from coati_relay.config.schema import SamplingConfig
 from coati_relay.inference.generate_keys import (
     ENGINE_KEYS,
@@ -25,7 +26,7 @@ from coati_relay.inference.registry import find_backend
 
 GENERATE_KEYS = ENGINE_KEYS
 REQUIRED_KEYS = ("temperature", "top_p")
-DEFAULT_MAX_NEW_TOKENS = 16
+DEFAULT_MAX_NEW_TOKENS = default_of(SamplingConfig, "max_new_tokens")  # where no key gives one
 
 log = logging.getLogger(__name__)
 

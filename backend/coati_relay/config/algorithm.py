@@ -16,7 +16,16 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from coati_relay import algorithms
-from coati_relay.config.checks import Check, is_flag, is_int, is_non_negative, is_number, is_positive, is_positive_int
+from coati_relay.config.checks import (
+    LR_SCHEDULERS,
+    Check,
+    is_flag,
+    is_int,
+    is_non_negative,
+    is_number,
+    is_positive,
+    is_positive_int,
+)
 from coati_relay.config.keys import check_section_keys, closest
 from coati_relay.config.launch_keywords import config_keys
 from coati_relay.config.schema import AlgorithmConfig
@@ -53,11 +62,10 @@ def _registered_names(kind: str) -> Callable[[Any], str]:
 
 ALGORITHM_KEYS: Dict[str, Check] = {
     "lr": Check(is_positive, "a finite number > 0", default=1e-6),
-    "critic_lr": Check(is_positive, "a finite number > 0", default=lambda given: given.get("lr", 1e-6)),
+    "critic_lr": Check(is_positive, "a finite number > 0", default=lambda filled: filled["lr"]),
     "weight_decay": Check(is_non_negative, "a number >= 0", default=0.01),
     "beta": Check(is_non_negative, "a number >= 0 (the KL weight)", default=0.01),
-    "kl_coef": Check(is_non_negative, "a number >= 0 (PPO's KL reward weight)",
-                     default=lambda given: given.get("beta", 0.01)),
+    "kl_coef": Check(is_non_negative, "a number >= 0 (PPO's KL reward weight)", default=lambda filled: filled["beta"]),
     "loss_variation": Check(lambda v: v in ("sample_level", "token_level"), "'sample_level' or 'token_level'",
                             default="sample_level"),
     "loss_normalization": Check(lambda v: v in ("step", "colossalchat"), "'step' or 'colossalchat'", default="step"),
@@ -76,8 +84,8 @@ ALGORITHM_KEYS: Dict[str, Check] = {
     "lam": Check(lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]", default=0.95),
     "ppo_epochs": Check(is_positive_int, "an int >= 1", default=1),
     "normalize_advantages": Check(is_flag, "a bool", default=False),
-    "lr_scheduler": Check(lambda v: v in (None, "constant", "cosine", "colossalchat"),
-                          "None, 'constant', 'cosine' or 'colossalchat'", default="colossalchat"),
+    "lr_scheduler": Check(lambda v: v in LR_SCHEDULERS, "None, 'constant', 'cosine' or 'colossalchat'",
+                          default="colossalchat"),
     "warmup_steps": Check(lambda v: is_int(v) and v >= 0, "an int >= 0", default=0),
     "max_grad_norm": Check(lambda v: v is None or is_positive(v), "None or a number > 0", default=None),
     "policy_loss": Check(_registered("policy_loss"), _registered_names("policy_loss"), default="ppo_clip"),
@@ -120,7 +128,7 @@ def build_algorithm(errors: List[str], core_algo: Any, grpo: Mapping[str, Any],
     values: Dict[str, Any] = {}
     for key, entry in ALGORITHM_KEYS.items():
         default = spec.defaults.get(key, entry.default)
-        value = grpo[key] if key in grpo else (default(grpo) if callable(default) else default)
+        value = grpo[key] if key in grpo else (default(values) if callable(default) else default)
         if not entry.ok(value):
             expect = entry.expect(value) if callable(entry.expect) else entry.expect
             errors.append(f"grpo_config['{key}'] must be {expect}, got {value!r}")

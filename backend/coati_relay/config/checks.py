@@ -33,10 +33,14 @@ def is_non_negative(v: Any) -> bool:
     return is_number(v) and v >= 0
 
 
+LR_SCHEDULERS = (None, "constant", "cosine", "colossalchat")  # grpo_config['lr_scheduler']; None: constant
+
+
 class Check(NamedTuple):
     """One key of a section's table. ok: True for a valid value; expect: what is valid, for the error message (or a
     function of the value that says it); default: the value when the key is absent (a value, or a function of the
-    given keys), in sections that fill defaults. What a key means is said by its schema field."""
+    values of the keys before it in the table), in sections that fill defaults. What a key means is said by its
+    schema field."""
 
     ok: Callable[[Any], bool]
     expect: Any

@@ -45,3 +45,9 @@ def field_meanings(cls: type) -> Dict[str, Optional[Meaning]]:
 def section_meaning(cls: type) -> Optional[Meaning]:
     """The meaning `section` gave ``cls`` itself, or None."""
     return cls.__dict__.get("__meaning__")
+
+
+def default_of(cls: type, name: str) -> Any:
+    """The default the dataclass ``cls`` declares for its field ``name`` (a default factory called)."""
+    f = next(f for f in fields(cls) if f.name == name)
+    return f.default_factory() if f.default is MISSING else f.default

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from typing import List, Optional, Tuple
 
-SCHEDULERS = (None, "constant", "cosine", "colossalchat")
+from coati_relay.config.checks import LR_SCHEDULERS, is_positive
+
 # ColossalChat's GRPOConsumer: CosineAnnealingWarmupLR(total_steps=min(num_episodes, 4) * updates per episode,
 # warmup_steps=0, eta_min=0.1 * lr), stepped once per update (round) in BaseConsumer.loop.
 COLOSSALCHAT_EPISODES, COLOSSALCHAT_MIN_LR_RATIO = 4, 0.1
@@ -81,7 +82,7 @@ class WarmupSchedule:
 def check_args(lr: float, weight_decay: float, betas: Tuple[float, float], max_grad_norm: Optional[float],
                scheduler: Optional[str], total_steps: Optional[int], warmup_steps: int, min_lr_ratio: float,
                steps_per_round: int = 1) -> None:
-    if not isinstance(lr, (int, float)) or not lr > 0:
+    if not is_positive(lr):
         raise ValueError(f"TrainingBackend: lr must be a positive number, got {lr!r}")
     if weight_decay < 0:
         raise ValueError(f"TrainingBackend: weight_decay must be >= 0, got {weight_decay}")
@@ -89,8 +90,8 @@ def check_args(lr: float, weight_decay: float, betas: Tuple[float, float], max_g
         raise ValueError(f"TrainingBackend: betas must be two numbers in [0, 1), got {betas!r}")
     if max_grad_norm is not None and not max_grad_norm > 0:
         raise ValueError(f"TrainingBackend: max_grad_norm must be > 0 or None, got {max_grad_norm}")
-    if scheduler not in SCHEDULERS:
-        raise ValueError(f"TrainingBackend: scheduler must be one of {list(SCHEDULERS)}, got {scheduler!r}")
+    if scheduler not in LR_SCHEDULERS:
+        raise ValueError(f"TrainingBackend: scheduler must be one of {list(LR_SCHEDULERS)}, got {scheduler!r}")
     if scheduler == "colossalchat":
         if warmup_steps:
             raise ValueError("TrainingBackend: scheduler 'colossalchat' has no warmup (ColossalChat's uses none); "
