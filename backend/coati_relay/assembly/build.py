@@ -31,9 +31,20 @@ from coati_relay.config.keys import (
     closest,
     warn_ignored,
 )
+from coati_relay.config.meaning import default_of
 from coati_relay.config.report_to import check_report_to
 from coati_relay.config.run_dir import check_given_run_dir, default_run_dir
-from coati_relay.config.schema import AlgorithmConfig, Batches, Checkpointing, Data, Plugin, Roles, RunConfig
+from coati_relay.config.schema import (
+    AlgorithmConfig,
+    Batches,
+    Checkpointing,
+    Data,
+    EvalSettings,
+    Plugin,
+    Roles,
+    RolloutLogSettings,
+    RunConfig,
+)
 from coati_relay.config.user_code import ByValue, UserCode, UserCodeError, comes_with_engine, module_name, user_entries
 from coati_relay.config.user_frame import warn_at_user
 from coati_relay.exchange.sync_registry import find_weight_sync, weight_sync_names
@@ -323,19 +334,26 @@ def build_run_config(
     inference_batch_size: int, inference_microbatch_size: int, train_batch_size: int, train_minibatch_size: int,
     train_dataset_config: Dict[str, Any], generate_config: Dict[str, Any], grpo_config: Dict[str, Any],
     plugin_config: Dict[str, Any], inference_model_config: Optional[Dict[str, Any]] = None,
-    train_model_config: Optional[Dict[str, Any]] = None,
-    tokenizer_config: Optional[Dict[str, Any]] = None, inference_backend: str = "transformers",
-    num_generations: int = 8, core_algo: str = "GRPO", project_name: Optional[str] = None,
-    save_interval: int = 100, save_dir: Optional[str] = "./model", n_behind: int = 0,
-    master_addr: str = "localhost", master_port: int = 29500, enable_profiling: bool = False,
+    train_model_config: Optional[Dict[str, Any]] = None, tokenizer_config: Optional[Dict[str, Any]] = None,
+    inference_backend: str = default_of(Roles, "inference_backend"),
+    num_generations: int = default_of(Batches, "num_generations"), core_algo: str = default_of(RunConfig, "core_algo"),
+    project_name: Optional[str] = None, save_interval: int = default_of(Checkpointing, "save_interval"),
+    save_dir: Optional[str] = "./model", n_behind: int = default_of(Roles, "n_behind"), master_addr: str = "localhost",
+    master_port: int = default_of(RunConfig, "master_port"),
+    enable_profiling: bool = default_of(RunConfig, "enable_profiling"),
     critic_model_config: Optional[Dict[str, Any]] = None, reward_model_config: Optional[Dict[str, Any]] = None,
-    run_dir: Optional[str] = None, resume_from: Optional[str] = None, on_producer_failure: str = "fail",
-    timeout_s: float = 300.0, collective_timeout_s: float = 60.0, seed: int = 42, progress: bool = True,
-    weight_sync: str = "object_store", placement_strategy: str = "PACK", placement_timeout_s: float = 30.0,
-    role_resources: Optional[Dict[str, Dict[str, float]]] = None, colocate: bool = False,
+    run_dir: Optional[str] = None, resume_from: Optional[str] = None,
+    on_producer_failure: str = default_of(Roles, "on_producer_failure"),
+    timeout_s: float = default_of(Roles, "timeout_s"),
+    collective_timeout_s: float = default_of(Roles, "collective_timeout_s"), seed: int = default_of(RunConfig, "seed"),
+    progress: bool = default_of(RunConfig, "progress"), weight_sync: str = default_of(Roles, "weight_sync"),
+    placement_strategy: str = default_of(Roles, "placement_strategy"),
+    placement_timeout_s: float = default_of(Roles, "placement_timeout_s"),
+    role_resources: Optional[Dict[str, Dict[str, float]]] = None, colocate: bool = default_of(Roles, "colocate"),
     report_to: Optional[List[str]] = None, callbacks: Optional[List[Any]] = None,
-    eval_dataset_config: Optional[Dict[str, Any]] = None, eval_interval: int = 100, eval_save_dir: Optional[str] = None,
-    eval_generation_config: Optional[Dict[str, Any]] = None, log_rollout_interval: Optional[int] = 20,
+    eval_dataset_config: Optional[Dict[str, Any]] = None, eval_interval: int = default_of(EvalSettings, "interval"),
+    eval_save_dir: Optional[str] = None, eval_generation_config: Optional[Dict[str, Any]] = None,
+    log_rollout_interval: Optional[int] = default_of(RolloutLogSettings, "interval"),
     rollout_save_dir: Optional[str] = None, export_dir: Any = True, **ignored: Any,
 ) -> RunConfig:
     """Checks every launch parameter and the constraints between them; raises one `ConfigError` listing all. What

@@ -129,7 +129,7 @@ class AlgorithmConfig:
                                             "grpo_config['max_new_tokens']", default=None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Roles:
     """The actors and how they cooperate."""
 
@@ -142,15 +142,16 @@ class Roles:
             "device_map='auto')", "num_proc_per_producer")
     num_consumers: int = meaning(CC, "consumer ranks: data-parallel trainers of the policy", "num_consumer_procs")
     inference_backend: str = meaning(CC, "'vllm' or 'transformers' (generate; the fallback, and the legacy "
-                                         "sampling)", "inference_backend")
+                                         "sampling)", "inference_backend", default="transformers")
     weight_sync: str = meaning(EXT, "'object_store' (one copy per version, fetched by each producer) or "
-                                    "'collective' (a gloo broadcast from consumer rank 0)", "weight_sync")
+                                    "'collective' (a gloo broadcast from consumer rank 0)", "weight_sync",
+                             default="object_store")
     on_producer_failure: str = meaning(EXT, "'fail' (a dead producer ends the run) or 'continue' (its tasks go to the "
-                                            "others)", "on_producer_failure")
+                                            "others)", "on_producer_failure", default="fail")
     n_behind: Optional[int] = meaning(CC, "staleness bound: 0 is on-policy lock-step; k > 0 allows rollouts made by "
-                                          "weights up to k versions old", "n_behind")
+                                          "weights up to k versions old", "n_behind", default=0)
     timeout_s: float = meaning(EXT, "seconds any blocking wait may take before the run fails, naming what it waited "
-                                    "for", "timeout_s")
+                                    "for", "timeout_s", default=300.0)
     collective_timeout_s: float = meaning(
         EXT, "seconds a collective of the consumers' data-parallel group (log-probs, backward, optimizer step, weight "
              "publish) may wait before the run fails naming the rank, the round, the step and the phase; the ranks "
@@ -174,7 +175,7 @@ class Roles:
         default=0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Batches:
     """Batch sizes."""
 
@@ -191,7 +192,7 @@ class Batches:
     train_microbatch_size: int = meaning(CC, "sequences per forward (default train_minibatch_size * "
                                              "num_generations)", "grpo_config['train_microbatch_size']")
     num_generations: int = meaning(CC, "responses sampled per prompt (the group of GRPO's advantages)",
-                                   "num_generations")
+                                   "num_generations", default=8)
 
 
 @dataclass(frozen=True)
@@ -254,7 +255,7 @@ class Data:
     num_prompts: int = meaning(EXT, "the prompts, as counted in the driver")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EvalSettings:
     """Evaluation during training (built by `coati_relay.assembly.evaluation`)."""
 
@@ -267,8 +268,8 @@ class EvalSettings:
             "evaluation", "eval_dataset_config")
     interval: int = meaning(CC, "optimizer steps (ColossalChat's consumer_global_step: weight version times "
                                 "optimizer steps per round) between evaluations; the first is at the run's first "
-                                "weights (step 0, or the resumed step). <= 0: no evaluation. Default 100",
-                            "eval_interval")
+                                "weights (step 0, or the resumed step). <= 0: no evaluation", "eval_interval",
+                            default=100)
     save_dir: Path = meaning(
         CC, "where each evaluation's per-sample records go, one JSON object a line with prompt, prediction, gold, "
             "parsed, format_valid, ans_valid, response_length, reward: eval_save_dir/{task}_training_step_{step}"
@@ -282,7 +283,7 @@ class EvalSettings:
     num_generations: int = meaning(CC, "responses per prompt", "eval_generation_config['n']", default=1)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RolloutLogSettings:
     """Producer 0's rollout log."""
 
@@ -290,10 +291,10 @@ class RolloutLogSettings:
                              "object a line: train_step, rollout (prompt and response decoded together; "
                              "ColossalChat's fields), prompts, responses, rewards, weight_version. Default "
                              "run_dir/rollout (ColossalChat: ./rollout)", "rollout_save_dir")
-    interval: int = meaning(CC, "producer 0 appends a rollout (its prompts, the first response to each and its "
-                                "reward) to the rollout log every this many optimizer steps, first at its first "
-                                "rollout; <= 0: every rollout; None (extension): no log. Default 20",
-                            "log_rollout_interval")
+    interval: Optional[int] = meaning(CC, "producer 0 appends a rollout (its prompts, the first response to each "
+                                          "and its reward) to the rollout log every this many optimizer steps, first "
+                                          "at its first rollout; <= 0: every rollout; None (extension): no log",
+                                      "log_rollout_interval", default=20)
 
 
 @section(CC, "HybridParallelPlugin's options over ColossalChat's defaults tp_size=1, pp_size=1, precision='bf16', "
@@ -311,12 +312,12 @@ class Plugin:
                                        "plugin_config['allow_cpu_fallback']")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Checkpointing:
     """Checkpoints, exports and where the run writes (`coati_relay.checkpoint`)."""
 
     save_interval: int = meaning(CC, "checkpoint after every save_interval-th round (weight version) of each "
-                                     "episode and after each episode's last round", "save_interval")
+                                     "episode and after each episode's last round", "save_interval", default=100)
     run_dir: Path = meaning(EXT, "where metrics.jsonl, tracker files and (by default) checkpoints go; default "
                                  "runs/PROJECT (runs/PROJECT-2, ... where that holds an earlier run); a fresh run "
                                  "refuses a given one that holds an earlier run", "run_dir")
@@ -331,7 +332,7 @@ class Checkpointing:
                                               "export", "export_dir", default=None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """Everything a run needs, checked."""
 
@@ -344,7 +345,7 @@ class RunConfig:
     checkpointing: Checkpointing = meaning(EXT, "checkpoints and where the run writes")
     core_algo: str = meaning(CC, "the consumer: 'GRPO', 'DAPO', 'RLOO', 'REINFORCE_PPB' (one consumer; "
                                  "grpo_config['algo'] picks the advantage, default core_algo) or 'PPO' (extension: "
-                                 "with a critic)", "core_algo")
+                                 "with a critic)", "core_algo", default="GRPO")
     algo: AlgorithmConfig = meaning(EXT, "the algorithm's settings")
     reward: Union[str, Callable] = meaning(
         CC, "the reward: reward_fn_type (required: 'think_answer_tags', 'boxed', 'code' with code_verifier_api_url; "
