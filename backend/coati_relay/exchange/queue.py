@@ -74,13 +74,21 @@ def pack_payload(obj: Any, nbytes: int) -> Any:
 
 def unpack_payloads(payloads: List[Any], timeout_s: float) -> List[Any]:
     """The objects of `pack_payload`'s ``payloads``, with None for each one lost with its owner
-    (``ObjectLostError``: its producer's node died after the entry left the queue)."""
+    (``ObjectLostError``: its producer's node died after the entry left the queue). A payload that is neither
+    bytes nor ``[ref]`` (an in-process queue's: the object itself) comes back as it is."""
+    refs = [p[0] for p in payloads if isinstance(p, list)]
+    by_ref = iter(_get_refs(refs, timeout_s) if refs else [])
+    return [pickle.loads(p) if isinstance(p, bytes) else next(by_ref) if isinstance(p, list) else p
+            for p in payloads]
+
+
+def _get_refs(refs: List[Any], timeout_s: float) -> List[Any]:
+    """``ray.get`` of each of ``refs``, None for each one lost with its owner."""
     import ray
     from ray.exceptions import ObjectLostError
 
-    refs = [p[0] for p in payloads if not isinstance(p, bytes)]
     try:
-        fetched = ray.get(refs, timeout=timeout_s)
+        return ray.get(refs, timeout=timeout_s)
     except ObjectLostError:
         fetched = []
         for ref in refs:
@@ -88,8 +96,7 @@ def unpack_payloads(payloads: List[Any], timeout_s: float) -> List[Any]:
                 fetched.append(ray.get(ref, timeout=timeout_s))
             except ObjectLostError:
                 fetched.append(None)
-    by_ref = iter(fetched)
-    return [pickle.loads(p) if isinstance(p, bytes) else next(by_ref) for p in payloads]
+        return fetched
 
 
 class RolloutQueueState:

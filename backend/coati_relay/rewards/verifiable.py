@@ -35,6 +35,12 @@ from coati_relay.rewards.math_rewards import extract_answer_tag, extract_boxed, 
 log = logging.getLogger(__name__)
 
 RULE_REWARDS = ("think_answer_tags", "boxed", "code")
+
+
+def target_column(kind: Optional[str]) -> str:
+    """The prompt field the rule reward ``kind`` grades a response against: ``test_cases`` for the code reward, else
+    ``gt_answer``."""
+    return "test_cases" if kind == "code" else "gt_answer"
 ACC_SCORE = 10.0
 CODE_TEST_TIMEOUT_S = 10  # what ColossalChat sends the verifier for each program
 THINK_ANSWER_TAGS = {"think_start": {"text": "<think>", "num_occur": 1},

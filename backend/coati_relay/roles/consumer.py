@@ -191,8 +191,7 @@ class ConsumerWorker:
     def _take(self, n: int, r: int) -> Tuple[List[Any], List[Rollout]]:
         """``n`` queue entries for round ``r`` and their rollouts. A rollout whose object died with its producer
         (the producer's node was lost after the entry left the queue) is reported to the queue, which puts its task
-        back on the board, and another entry replaces it. Zero-bubble: the entries are taken one by one. Colocated:
-        the entries hold the rollouts themselves."""
+        back on the board, and another entry replaces it. Zero-bubble: the entries are taken one by one."""
         timeout = self.cfg.roles.timeout_s
         entries: List[Any] = []
         rollouts: List[Rollout] = []
@@ -200,8 +199,7 @@ class ConsumerWorker:
             # zero-bubble: one entry at a time, so that each frees its prompts in the data buffer as it arrives
             want = 1 if self.cfg.zero_bubble else n - len(entries)
             got = call(self.queue.get, want, timeout, r, timeout_s=timeout + 30)
-            payloads = [e.payload for e in got]
-            fetched = payloads if self.cfg.roles.colocate else unpack_payloads(payloads, timeout)
+            fetched = unpack_payloads([e.payload for e in got], timeout)
             lost = [e for e, x in zip(got, fetched) if x is None]
             if lost:
                 log.warning("consumer-%d: %d rollout(s) of %s died with their producer; their tasks go back on "

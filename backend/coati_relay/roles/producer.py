@@ -243,24 +243,29 @@ class ProducerWorker:
         """(rewards, format_acc, ans_acc), each [N] (the last two None where the reward gives only a score)."""
         if self.rm_scorer is not None:
             return self.rm_scorer(rollout.sequences, rollout.attention_mask).float(), None, None
-        texts = self.tokenizer.batch_decode(
-            [ids[: int(n)] for ids, n in zip(rollout.response_ids.tolist(), rollout.response_lengths.tolist())],
-            skip_special_tokens=True)
+        texts = self._decode(self._responses(rollout))
         g = rollout.group_size
+        targets = self._targets(rollout.info, rollout.num_prompts, g)
         if self.rule_reward is not None:
-            column = "test_cases" if self.rule_reward.kind == "code" else "gt_answer"
-            targets = [t for t in rollout.info.get(column, [None] * rollout.num_prompts) for _ in range(g)]
             scores = self.rule_reward(texts, rollout.response_lengths.cpu(), targets)
             return scores[:, 0], scores[:, 1], scores[:, 2]
-        gts = [a for a in rollout.info.get("gt_answer", [None] * rollout.num_prompts) for _ in range(g)]
         prompts = [p for p in prompts_text for _ in range(g)]
-        rewards = self.reward_fn(texts, gts, prompts).float()
+        rewards = self.reward_fn(texts, targets, prompts).float()
         if self.cfg.algo.soft_over_length_punishment:  # engine extension: the rule on a registered/callable reward
             from coati_relay.rewards import soft_overlength_penalty
 
             rewards = soft_overlength_penalty(rewards, rollout.response_lengths, self._length_limit(),
                                               self.cfg.algo.cache_length, scale=self.cfg.algo.overlength_scale)
         return rewards, None, None
+
+    def _targets(self, info: Dict[str, list], prompts: int, per_prompt: int) -> List[Any]:
+        """Each response's target ([prompts * per_prompt]): its prompt's field that the rule reward grades against
+        (`coati_relay.rewards.verifiable.target_column`; any other reward: ``gt_answer``), None where the prompts
+        have none."""
+        from coati_relay.rewards.verifiable import target_column
+
+        column = target_column(self.rule_reward.kind if self.rule_reward is not None else None)
+        return [t for t in info.get(column, [None] * prompts) for _ in range(per_prompt)]
 
     def _decode(self, ids: List[List[int]]) -> List[str]:
         return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
@@ -296,8 +301,7 @@ class ProducerWorker:
         rollout = self.backend.generate(prompt_ids, n, info)
         texts = self._decode(self._responses(rollout))
         prompts = [p for p in self._decode(prompt_ids) for _ in range(n)]
-        column = "test_cases" if cfg.reward == "code" else "gt_answer"
-        targets = [a for a in info.get(column, [None] * len(prompt_ids)) for _ in range(n)]
+        targets = self._targets(info, len(prompt_ids), n)
         scores = None
         if self.rm_scorer is not None:
             scores = self.rm_scorer(rollout.sequences, rollout.attention_mask).float()
