@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import MISSING, field, fields
 from typing import Any, Dict, NamedTuple, Optional, Tuple
 
+from coati_relay.config.checks import Check
+
 CC, EXT = "ColossalChat", "extension"
 
 
@@ -23,10 +25,20 @@ class Meaning(NamedTuple):
 
 
 def meaning(origin: str, text: str, *keys: str, default: Any = MISSING, default_factory: Any = MISSING,
-            **field_args: Any) -> Any:
-    """A `dataclasses.field` that carries its `Meaning`."""
-    return field(default=default, default_factory=default_factory,
-                 metadata={"meaning": Meaning(origin, text, keys)}, **field_args)
+            check: Optional[Check] = None, **field_args: Any) -> Any:
+    """A `dataclasses.field` that carries its `Meaning` and, with ``check``, the `Check` of the key that sets it:
+    the check's default is the field's unless it is a function of other keys."""
+    metadata: Dict[str, Any] = {"meaning": Meaning(origin, text, keys)}
+    if check is not None:
+        metadata["check"] = check
+        if default is MISSING and not callable(check.default):
+            default = check.default
+    return field(default=default, default_factory=default_factory, metadata=metadata, **field_args)
+
+
+def field_checks(cls: type) -> Dict[str, Check]:
+    """Field name -> its `Check`, in field order, for the fields of the dataclass ``cls`` that carry one."""
+    return {f.name: f.metadata["check"] for f in fields(cls) if "check" in f.metadata}
 
 
 def section(origin: str, text: str, *keys: str):

@@ -9,6 +9,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from coati_relay.config.checks import (
+    LR_SCHEDULERS,
+    Check,
+    is_flag,
+    is_format_tags,
+    is_http_url,
+    is_int,
+    is_non_negative,
+    is_number,
+    is_pair,
+    is_positive,
+    is_positive_int,
+    is_registered,
+    registered_names,
+)
 from coati_relay.config.meaning import CC, EXT, meaning, section
 from coati_relay.config.user_code import UserCode
 
@@ -54,76 +69,112 @@ class SamplingConfig:
                                       "generate_config[...]", default_factory=dict)
 
 
-@section(CC, "the algorithm's settings (their checks and defaults: coati_relay.config.algorithm); a key "
+@section(CC, "the algorithm's settings (each field with its check and default); a key "
              "ColossalChat passes but never reads warns once, any other unknown key is an error", "grpo_config")
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AlgorithmConfig:
-    """The algorithm settings of a run (checked by `coati_relay.config.algorithm.ALGORITHM_KEYS`)."""
+    """The algorithm settings of a run: each field's meaning, check and default (or the function of the keys before
+    it that gives it) beside it; `coati_relay.config.algorithm.build_algorithm` fills and checks them."""
 
-    lr: float = meaning(CC, "the policy's learning rate", "grpo_config['lr']")
-    critic_lr: float = meaning(EXT, "the critic's learning rate (PPO; default lr)", "grpo_config['critic_lr']")
-    weight_decay: float = meaning(CC, "the optimizer's weight decay", "grpo_config['weight_decay']")
-    beta: float = meaning(CC, "the KL weight of the policy loss", "grpo_config['beta']")
-    kl_coef: float = meaning(EXT, "PPO's KL reward weight (default beta)", "grpo_config['kl_coef']")
+    lr: float = meaning(CC, "the policy's learning rate", "grpo_config['lr']",
+                        check=Check(is_positive, "a finite number > 0", default=1e-6))
+    critic_lr: float = meaning(EXT, "the critic's learning rate (PPO; default lr)", "grpo_config['critic_lr']",
+                               check=Check(is_positive, "a finite number > 0", default=lambda filled: filled["lr"]))
+    weight_decay: float = meaning(CC, "the optimizer's weight decay", "grpo_config['weight_decay']",
+                                  check=Check(is_non_negative, "a number >= 0", default=0.01))
+    beta: float = meaning(CC, "the KL weight of the policy loss", "grpo_config['beta']",
+                          check=Check(is_non_negative, "a number >= 0 (the KL weight)", default=0.01))
+    kl_coef: float = meaning(EXT, "PPO's KL reward weight (default beta)", "grpo_config['kl_coef']",
+                             check=Check(is_non_negative, "a number >= 0 (PPO's KL reward weight)",
+                                         default=lambda filled: filled["beta"]))
     loss_variation: str = meaning(CC, "'sample_level' (each response's mean token loss, averaged) or "
                                       "'token_level' (the mean over every token of the batch)",
-                                  "grpo_config['loss_variation']")
+                                  "grpo_config['loss_variation']",
+                                  check=Check(lambda v: v in ("sample_level", "token_level"),
+                                              "'sample_level' or 'token_level'", default="sample_level"))
     loss_normalization: str = meaning(
         EXT, "what a micro-batch's loss is divided by: 'step' (the kept samples, or tokens with token_level, of the "
              "whole optimizer step over every rank: the gradient does not depend on how the step is split into "
              "micro-batches or ranks) or 'colossalchat' (ColossalChat's: sample_level by the micro-batch's rows, "
              "token_level by the kept tokens of its mini-batch over the ranks; each micro-batch's backward unscaled, "
              "so the step's gradient grows with its micro-batches and mini-batches)",
-        "grpo_config['loss_normalization']")
-    clip_eps_low: float = meaning(CC, "the ratio clip below 1 of the policy loss", "grpo_config['clip_eps_low']")
-    clip_eps_high: float = meaning(CC, "the ratio clip above 1 of the policy loss", "grpo_config['clip_eps_high']")
+        "grpo_config['loss_normalization']",
+        check=Check(lambda v: v in ("step", "colossalchat"), "'step' or 'colossalchat'", default="step"))
+    clip_eps_low: float = meaning(CC, "the ratio clip below 1 of the policy loss", "grpo_config['clip_eps_low']",
+                                  check=Check(is_positive, "a number > 0", default=0.2))
+    clip_eps_high: float = meaning(CC, "the ratio clip above 1 of the policy loss", "grpo_config['clip_eps_high']",
+                                   check=Check(is_positive, "a number > 0", default=0.2))
     filter_range: Optional[Sequence[float]] = meaning(
         CC, "[low, high]: groups whose mean answer accuracy is outside it leave training (see dynamic_batching); "
-            "None: all train", "grpo_config['filter_range']")
+            "None: all train", "grpo_config['filter_range']",
+        check=Check(is_pair, "None or [low, high] with low < high", default=None))
     soft_over_length_punishment: bool = meaning(
         CC, "the rule rewards add ((L - c) - len) / c * 10 for L - c < len < L (L: max_new_tokens, c: cache_length)",
-        "grpo_config['soft_over_length_punishment']")
+        "grpo_config['soft_over_length_punishment']",
+        check=Check(is_flag, "a bool", default=False))
     cache_length: Optional[int] = meaning(CC, "c of the soft over-length punishment (required with it)",
-                                          "grpo_config['cache_length']")
+                                          "grpo_config['cache_length']",
+                                          check=Check(lambda v: v is None or is_positive_int(v),
+                                                      "None or an int > 0 (tokens)", default=None))
     overlength_scale: float = meaning(EXT, "the scale of the soft over-length penalty of a registered or callable "
                                            "reward (ColossalChat's rule rewards use their own 10)",
-                                      "grpo_config['overlength_scale']")
+                                      "grpo_config['overlength_scale']",
+                                      check=Check(is_non_negative, "a number >= 0", default=1.0))
     filter_truncated_response: bool = meaning(CC, "responses that reach generate_config's max_new_tokens leave the "
-                                                  "loss", "grpo_config['filter_truncated_response']")
-    value_clip: float = meaning(EXT, "the clip range of PPO's value loss", "grpo_config['value_clip']")
-    gamma: float = meaning(EXT, "the discount of PPO's advantages (GAE)", "grpo_config['gamma']")
-    lam: float = meaning(EXT, "the lambda of PPO's advantages (GAE)", "grpo_config['lam']")
-    ppo_epochs: int = meaning(EXT, "passes of the optimizer over each round's rollouts", "grpo_config['ppo_epochs']")
+                                                  "loss", "grpo_config['filter_truncated_response']",
+                                              check=Check(is_flag, "a bool", default=False))
+    value_clip: float = meaning(EXT, "the clip range of PPO's value loss", "grpo_config['value_clip']",
+                                check=Check(is_positive, "a number > 0", default=0.4))
+    gamma: float = meaning(EXT, "the discount of PPO's advantages (GAE)", "grpo_config['gamma']",
+                           check=Check(lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]", default=1.0))
+    lam: float = meaning(EXT, "the lambda of PPO's advantages (GAE)", "grpo_config['lam']",
+                         check=Check(lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]", default=0.95))
+    ppo_epochs: int = meaning(EXT, "passes of the optimizer over each round's rollouts", "grpo_config['ppo_epochs']",
+                              check=Check(is_positive_int, "an int >= 1", default=1))
     normalize_advantages: bool = meaning(EXT, "whiten PPO's advantages over the batch's response tokens",
-                                         "grpo_config['normalize_advantages']")
+                                         "grpo_config['normalize_advantages']",
+                                         check=Check(is_flag, "a bool", default=False))
     lr_scheduler: Optional[str] = meaning(
         EXT, "'colossalchat' (the default): ColossalChat's cosine from lr down to 0.1 * lr over min(num_episodes, 4) "
              "episodes, one value per round (coati_relay.training.schedule); 'constant' and 'cosine' (over all "
              "optimizer steps, with warmup_steps) are this engine's; None: lr throughout",
-        "grpo_config['lr_scheduler']")
+        "grpo_config['lr_scheduler']",
+        check=Check(lambda v: v in LR_SCHEDULERS, "None, 'constant', 'cosine' or 'colossalchat'",
+                    default="colossalchat"))
     warmup_steps: int = meaning(EXT, "optimizer steps of linear warmup ('constant' and 'cosine' schedules)",
-                                "grpo_config['warmup_steps']")
+                                "grpo_config['warmup_steps']",
+                                check=Check(lambda v: is_int(v) and v >= 0, "an int >= 0", default=0))
     max_grad_norm: Optional[float] = meaning(EXT, "gradient clipping's norm; None: plugin_config's max_norm, else "
-                                                  "none", "grpo_config['max_grad_norm']", "plugin_config['max_norm']")
+                                                  "none", "grpo_config['max_grad_norm']", "plugin_config['max_norm']",
+                                             check=Check(lambda v: v is None or is_positive(v), "None or a number > 0",
+                                                         default=None))
     policy_loss: str = meaning(EXT, "the policy loss the learner calls, by its registered name: 'ppo_clip' is the "
                                     "clipped surrogate with an asymmetric clip and beta * KL "
-                                    "(coati_relay.algorithms.losses)", "grpo_config['policy_loss']")
+                                    "(coati_relay.algorithms.losses)", "grpo_config['policy_loss']",
+                               check=Check(is_registered("policy_loss"), registered_names("policy_loss"),
+                                           default="ppo_clip"))
     value_loss: str = meaning(EXT, "the critic's loss (algorithms with a critic: PPO), by its registered name: "
-                                   "'clipped' is the clipped value loss with value_clip", "grpo_config['value_loss']")
+                                   "'clipped' is the clipped value loss with value_clip", "grpo_config['value_loss']",
+                              check=Check(is_registered("value_loss"), registered_names("value_loss"),
+                                          default="clipped"))
     kl_estimator: str = meaning(
         EXT, "the per-token KL(policy || reference) estimator of the beta term, in the policy loss (GRPO, DAPO, RLOO) "
              "or folded into REINFORCE++'s advantages: 'k1' (logp - ref_logp), 'k2' ((ref_logp - logp)^2 / 2) or "
              "'k3' (exp(x) - 1 - x, x = ref_logp - logp); PPO's rewards carry k1 whatever this says",
-        "grpo_config['kl_estimator']")
+        "grpo_config['kl_estimator']",
+        check=Check(is_registered("kl"), registered_names("kl"), default="k3"))
     dynamic_batching: bool = meaning(
         CC, "with filter_range: True drops the groups outside it and fills each optimizer step with train_batch_size "
             "kept groups, carrying the rest to the next round; False trains every group and masks the samples of "
-            "groups outside it out of the loss", "grpo_config['dynamic_batching']", default=True)
+            "groups outside it out of the loss", "grpo_config['dynamic_batching']",
+        check=Check(is_flag, "a bool", default=True))
     response_format_tags: Optional[Mapping[str, Mapping[str, Any]]] = meaning(
         CC, "the tags a rule reward's format check counts (think_answer_tags: None is <think>, </think>, <answer>, "
-            "</answer> once each)", "grpo_config['response_format_tags']", default=None)
+            "</answer> once each)", "grpo_config['response_format_tags']",
+        check=Check(is_format_tags, "None or {name: {'text': str, 'num_occur': int >= 0}}", default=None))
     code_verifier_api_url: Optional[str] = meaning(CC, "the service reward_fn_type='code' posts programs and test "
-                                                       "cases to", "grpo_config['code_verifier_api_url']", default=None)
+                                                       "cases to", "grpo_config['code_verifier_api_url']",
+                                                   check=Check(is_http_url, "None or an http(s) URL", default=None))
     algo: str = meaning(CC, "the advantage estimator (default core_algo's)", "grpo_config['algo']", default="GRPO")
     max_new_tokens: Optional[int] = meaning(CC, "L of the rule rewards' length rules (default generate_config's)",
                                             "grpo_config['max_new_tokens']", default=None)
