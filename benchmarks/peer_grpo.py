@@ -1,16 +1,18 @@
 """One side of the TRL pair (`test_vs_trl.py`), run as its own process so that its start-up and memory are its own:
 
     python benchmarks/peer_grpo.py {trl|engine} --model DIR --steps N --out RESULT.json [--backend vllm|transformers]
-        [--colocate] [--new-tokens N] [--engine JSON] [--train-microbatch N]
+        [--colocate] [--new-tokens N] [--engine JSON] [--train-microbatch N] [--prompts N] [--generations N]
 
 Both sides do the same GRPO work: the toy prompts (`coati_relay.toy`, numbered, chat template applied),
-``PROMPTS_PER_STEP`` prompts x ``GENERATIONS`` samples of at most ``--new-tokens`` (default ``NEW_TOKENS``) tokens per
-step, the ``toy_letter`` reward, AdamW at ``LR`` with weight decay 0.01, a constant schedule, no gradient clipping,
-sample-level loss, ``beta = 0``, one optimizer step per generation round. The result file holds, per step, the wall
+``--prompts`` (default ``PROMPTS_PER_STEP``) prompts x ``--generations`` (default ``GENERATIONS``) samples of at most
+``--new-tokens`` (default ``NEW_TOKENS``) tokens per step, the ``toy_letter`` reward, AdamW at ``LR`` with weight
+decay 0.01, a constant schedule, no gradient clipping, sample-level loss, ``beta = 0``, one optimizer step per
+generation round. The result file holds, per step, the wall
 time, the time spent generating, the time spent training (TRL: the step less generation and scoring, with ``loss_s``,
 its loss forwards, and ``score_s``, its reward calls; the engine: the consumer's ``train_s``, and ``publish_s``, its
 weight hand-off), the mean reward, the number of sampled tokens and the number of samples (TRL: the rows it generated
-and the rows its loss took; the engine: the rows the consumer trained on).
+and the rows its loss took; the engine: the rows the consumer trained on). The engine's colocated side also holds
+``memory_by_phase_mib``: its process's largest RSS in each phase (`memory_by_phase`).
 """
 from __future__ import annotations
 
@@ -34,12 +36,12 @@ def numbered_prompt(text: str, i: int) -> str:
     return f"{text} {i}"
 
 
-def _prompts(path: Path, steps: int) -> Path:
+def _prompts(path: Path, steps: int, prompts: int = PROMPTS_PER_STEP) -> Path:
     """The toy prompts, numbered so that no two are equal: the toy task has one prompt text, and equal prompts in
     one step would let the engine's prompt sharing compute a single prompt where real data has one per group."""
     from coati_relay.toy import write_toy_dataset
 
-    rows = [json.loads(line) for line in open(write_toy_dataset(path, num_prompts=PROMPTS_PER_STEP * steps))]
+    rows = [json.loads(line) for line in open(write_toy_dataset(path, num_prompts=prompts * steps))]
     for i, row in enumerate(rows):
         row["messages"]["content"] = numbered_prompt(row["messages"]["content"], i)
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -53,7 +55,8 @@ def trl_device_kwargs(cuda: bool) -> Dict[str, Any]:
     return {"use_cpu": not cuda}
 
 
-def run_trl(model: str, steps: int, work_dir: Path, new_tokens: int) -> Dict[str, Any]:
+def run_trl(model: str, steps: int, work_dir: Path, new_tokens: int, prompts: int = PROMPTS_PER_STEP,
+            generations: int = GENERATIONS) -> Dict[str, Any]:
     """TRL's ``GRPOTrainer`` on the GPU where there is one (else the CPU), generating with ``model.generate`` (TRL's
     own default without vLLM)."""
     import torch
@@ -63,7 +66,7 @@ def run_trl(model: str, steps: int, work_dir: Path, new_tokens: int) -> Dict[str
 
     from coati_relay.rewards.toy_rewards import letter_fraction
 
-    rows = [json.loads(line) for line in open(_prompts(work_dir / "prompts.jsonl", steps))]
+    rows = [json.loads(line) for line in open(_prompts(work_dir / "prompts.jsonl", steps, prompts))]
     data = Dataset.from_list([{"prompt": [r["messages"]], "gt_answer": r["gt_answer"]} for r in rows])
 
     steps_out: List[Dict[str, float]] = []
@@ -109,7 +112,7 @@ def run_trl(model: str, steps: int, work_dir: Path, new_tokens: int) -> Dict[str
         output_dir=str(work_dir / "trl"), **trl_device_kwargs(torch.cuda.is_available()), seed=SEED,
         max_steps=steps, learning_rate=LR, lr_scheduler_type="constant", weight_decay=0.01, max_grad_norm=0.0,
         beta=0.0, loss_type="grpo",
-        num_generations=GENERATIONS, per_device_train_batch_size=PROMPTS_PER_STEP * GENERATIONS,
+        num_generations=generations, per_device_train_batch_size=prompts * generations,
         max_completion_length=new_tokens, temperature=1.0, top_p=1.0, logging_steps=1, report_to="none",
         save_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
     trainer = GRPOTrainer(model=policy, reward_funcs=toy_letter, args=config, train_dataset=data,
@@ -130,30 +133,32 @@ def run_trl(model: str, steps: int, work_dir: Path, new_tokens: int) -> Dict[str
 
 def engine_kwargs(model: str, steps: int, work_dir: Path, backend: str, colocate: bool, new_tokens: int,
                   engine: Optional[Dict[str, Any]] = None, microbatch: int = PROMPTS_PER_STEP * GENERATIONS,
-                  gradient_checkpointing: bool = False) -> Dict[str, Any]:
+                  gradient_checkpointing: bool = False, prompts: int = PROMPTS_PER_STEP,
+                  generations: int = GENERATIONS) -> Dict[str, Any]:
     """The `launch_distributed` keywords of the engine side. engine: extra ``inference_model_config`` keys;
     microbatch: samples per training forward and backward (one optimizer step per round either way);
     gradient_checkpointing: ``train_model_config``'s setting."""
     return dict(
         num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
-        inference_batch_size=PROMPTS_PER_STEP, inference_microbatch_size=PROMPTS_PER_STEP,
-        train_batch_size=PROMPTS_PER_STEP, train_minibatch_size=PROMPTS_PER_STEP,
+        inference_batch_size=prompts, inference_microbatch_size=prompts,
+        train_batch_size=prompts, train_minibatch_size=prompts,
         train_dataset_config={"prompts": [json.loads(line) for line in open(_prompts(work_dir / "prompts.jsonl",
-                                                                                        steps))],
+                                                                                        steps, prompts))],
                               "max_length": 64},
         inference_model_config={"path": model, **(engine or {})},
         train_model_config={"path": model, "gradient_checkpointing": gradient_checkpointing},
         generate_config={"max_new_tokens": new_tokens, "temperature": 1.0, "top_p": 1.0}, seed=SEED,
         grpo_config={"lr": LR, "beta": 0.0, "weight_decay": 0.01, "reward_fn_type": "toy_letter",
                      "train_microbatch_size": microbatch},
-        plugin_config={"plugin": "ddp"}, inference_backend=backend, num_generations=GENERATIONS,
+        plugin_config={"plugin": "ddp"}, inference_backend=backend, num_generations=generations,
         core_algo="GRPO", project_name="vs-trl", run_dir=str(work_dir / "engine"), save_interval=10_000,
         colocate=colocate)
 
 
 def run_engine(model: str, steps: int, work_dir: Path, backend: str, colocate: bool, new_tokens: int,
                engine: Optional[Dict[str, Any]] = None, microbatch: int = PROMPTS_PER_STEP * GENERATIONS,
-               gradient_checkpointing: bool = False) -> Dict[str, Any]:
+               gradient_checkpointing: bool = False, prompts: int = PROMPTS_PER_STEP,
+               generations: int = GENERATIONS) -> Dict[str, Any]:
     """`launch_distributed(core_algo="GRPO")`: one producer, one consumer; disaggregated on a local Ray cluster of
     its own, or colocated in this process (no Ray). engine: extra ``inference_model_config`` keys."""
     from coati_relay.launch import launch_distributed
@@ -162,10 +167,12 @@ def run_engine(model: str, steps: int, work_dir: Path, backend: str, colocate: b
         import ray
 
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    rss = RssTimeline().start()
     try:
         result = launch_distributed(**engine_kwargs(model, steps, work_dir, backend, colocate, new_tokens, engine,
-                                                    microbatch, gradient_checkpointing))
+                                                    microbatch, gradient_checkpointing, prompts, generations))
     finally:
+        rss.stop()
         if not colocate:
             ray.shutdown()
     out = [{"step_s": h["round_s"], "generate_s": h.get("generate_s", 0.0), "train_s": h.get("train_s", 0.0),
@@ -173,7 +180,54 @@ def run_engine(model: str, steps: int, work_dir: Path, backend: str, colocate: b
             "tokens": h.get("response_length", 0.0) * h["samples"], "samples": h["samples"]} for h in result.history]
     ckpt = result.checkpoints[-1] if result.checkpoints else None
     side = f"engine-{'colocated-' if colocate else ''}{backend}"
-    return {"side": side, "steps": out, "params": _moved_and_finite(model, ckpt)}
+    phases = {"memory_by_phase_mib": memory_by_phase(rss.samples, result.history)} if colocate else {}
+    return {"side": side, "steps": out, "params": _moved_and_finite(model, ckpt), **phases}
+
+
+class RssTimeline:
+    """This process's RSS (MiB) every ``every_s`` seconds, as ``(time.time(), MiB)`` in ``samples``, from `start` to
+    `stop`."""
+
+    def __init__(self, every_s: float = 0.1) -> None:
+        import threading
+
+        self.every_s, self.samples = every_s, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="rss-timeline")
+
+    def _run(self) -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        while not self._stop.is_set():
+            with open("/proc/self/statm") as f:
+                self.samples.append((time.time(), int(f.read().split()[1]) * page / 2 ** 20))
+            self._stop.wait(self.every_s)
+
+    def start(self) -> "RssTimeline":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def memory_by_phase(samples: List[Any], history: List[Dict[str, Any]]) -> Dict[str, float]:
+    """The largest RSS (MiB) of ``samples`` (`RssTimeline`) in each phase of a colocated run, read from its round
+    records: ``set-up`` (before the first round), ``generate`` (each round until training: generation, scoring),
+    ``train`` (the consumer's step), ``publish`` (after the step to the round's end: the weight hand-off, a
+    checkpoint), ``end`` (after the last round: the final checkpoint and the export)."""
+    spans = []
+    for h in history:
+        end = h["train_started_at"] - h["wait_s"] + h["round_s"]
+        spans += [("generate", h["train_started_at"] - h["wait_s"], h["train_started_at"]),
+                  ("train", h["train_started_at"], h["train_ended_at"]), ("publish", h["train_ended_at"], end)]
+    first, last = (spans[0][1], spans[-1][2]) if spans else (float("inf"), float("inf"))
+    peaks: Dict[str, float] = {}
+    for t, mib in samples:
+        phase = "set-up" if t < first else "end" if t >= last else next(
+            (name for name, a, b in spans if a <= t < b), "between rounds")
+        peaks[phase] = max(peaks.get(phase, 0.0), mib)
+    return peaks
 
 
 def _moved_and_finite(initial: str, trained: Any) -> Dict[str, Any]:
@@ -225,14 +279,16 @@ def main(argv: List[str]) -> int:
                    help="the engine side: train_model_config['gradient_checkpointing'] (TRL's side has it on)")
     p.add_argument("--engine", default="{}", help="the engine side: extra inference_model_config keys, as JSON "
                                                    "(e.g. '{\"enforce_eager\": true}')")
+    p.add_argument("--prompts", type=int, default=PROMPTS_PER_STEP, help="prompts per step")
+    p.add_argument("--generations", type=int, default=GENERATIONS, help="samples per prompt")
     a = p.parse_args(argv)
     work_dir = Path(a.out).with_suffix("")
     work_dir.mkdir(parents=True, exist_ok=True)
     if a.side == "trl":
-        result = run_trl(a.model, a.steps, work_dir, a.new_tokens)
+        result = run_trl(a.model, a.steps, work_dir, a.new_tokens, a.prompts, a.generations)
     else:
         result = run_engine(a.model, a.steps, work_dir, a.backend, a.colocate, a.new_tokens, json.loads(a.engine),
-                            a.train_microbatch, a.gradient_checkpointing)
+                            a.train_microbatch, a.gradient_checkpointing, a.prompts, a.generations)
     result["pid"] = os.getpid()
     result.update(gpu_peak())
     Path(a.out).write_text(json.dumps(result))

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import pytest
 from flops import generation_flops, matmul_peak_flops, model_shapes, training_flops
@@ -83,12 +83,13 @@ def _side_env() -> Dict[str, str]:
     return {**os.environ, "RAY_ADDRESS": "local"}
 
 
-def run_side(side: str, model: str, steps: int, out_dir: Path, new_tokens: int = NEW_TOKENS) -> Dict[str, Any]:
-    """Runs one side in a process of its own; returns its result file plus ``whole_run_s``, ``peak_pss_gib`` and
-    ``load_average`` (the 1-minute load when it ended)."""
+def run_side(side: str, model: str, steps: int, out_dir: Path, new_tokens: int = NEW_TOKENS,
+             extra: Sequence[str] = ()) -> Dict[str, Any]:
+    """Runs one side in a process of its own (``extra``: more `peer_grpo.py` arguments); returns its result file plus
+    ``whole_run_s``, ``peak_pss_gib`` and ``load_average`` (the 1-minute load when it ended)."""
     out = out_dir / f"{side}.json"
     cmd = [sys.executable, str(HERE / "peer_grpo.py"), *SIDES[side], "--model", model, "--steps", str(steps),
-           "--out", str(out), "--new-tokens", str(new_tokens)]
+           "--out", str(out), "--new-tokens", str(new_tokens), *extra]
     log = open(out_dir / f"{side}.log", "w")
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_side_env())
