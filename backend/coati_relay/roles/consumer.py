@@ -34,6 +34,8 @@ from coati_relay.training.rank_phases import set_collective_timeout
 
 log = logging.getLogger(__name__)
 
+DIGEST_SLICE = 1 << 22  # values per float64 slice of `ConsumerWorker.weights_digest` (32 MiB)
+
 
 class ConsumerWorker:
     """One data-parallel rank, run as a Ray actor: it reads the queue and reports metrics through Ray. In a
@@ -237,16 +239,19 @@ class ConsumerWorker:
 
     def weights_digest(self) -> Optional[Tuple[float, float]]:
         """(sum, absolute sum) of the policy's weights in float64, which every data-parallel rank holds the same
-        (bit for bit, the same sums); None where the plugin shards the weights over the ranks (Gemini)."""
+        (bit for bit, the same sums); None where the plugin shards the weights over the ranks (Gemini). Read in
+        slices of ``DIGEST_SLICE`` values: a whole tensor in float64 (and its absolute value) would cost four times
+        its float32 bytes at once (2.2 GB for a 152k x 896 embedding, the peak of a 494M run's end)."""
         if self.policy.shards_parameters:
             return None
         import torch
 
         total = absolute = 0.0
         with torch.no_grad():
-            for p in self.policy.unwrapped().parameters():  # one float64 copy at a time
-                p64 = p.detach().double()
-                total, absolute = total + float(p64.sum()), absolute + float(p64.abs().sum())
+            for p in self.policy.unwrapped().parameters():
+                for part in p.detach().reshape(-1).split(DIGEST_SLICE):
+                    p64 = part.double()
+                    total, absolute = total + float(p64.sum()), absolute + float(p64.abs().sum())
         return total, absolute
 
     def finish_round(self, rollouts: List[Rollout], metas: List[Dict[str, float]], versions: List[int], t0: float,
