@@ -1,11 +1,12 @@
 """The `TrainingBackend` seam: a model, its optimizer and LR schedule, boosted by a ColossalAI Booster plugin.
 
-On CPU the optimizer is ``torch.optim.AdamW``; on CUDA, its fused form, or ColossalAI's ``HybridAdam`` where the
+The optimizer is torch's fused AdamW (on the CPU too), or on CUDA ColossalAI's ``HybridAdam`` where the
 plugin needs it (`plugins.optimizer_kind`: Gemini, CPU offload). Where colossalai is not installed, plain torch
 does the same job (DDP when the process group has more than one rank). `TrainingBackend.around`
 takes a model and optimizer built elsewhere instead. Under the plugins that keep no fp32 master weights (``ddp``, no
 plugin) fp16/bf16 models step fp32 masters (`coati_relay.training.master_weights`); every backward and step checks
-for non-finite values (`coati_relay.training.finite_checks`). Model and optimizer files: `checkpoint_files`. Under
+for non-finite values (`coati_relay.training.finite_checks`); a tied input embedding gives its gradient as rows
+(`coati_relay.training.tied_embedding`). Model and optimizer files: `checkpoint_files`. Under
 Gemini, `coati_relay.training.gemini_guards`: tied aliases load, one backward a step unless Gemini accumulates, no
 read of its parameters outside its hooks.
 """
@@ -32,6 +33,7 @@ from .master_weights import find_master_optimizer, with_master_weights
 from .model_description import is_peft, save_description
 from .plugins import build_optimizer, build_plugin, resolve_plugin
 from .schedule import WarmupSchedule, check_args
+from .tied_embedding import sparse_tied_embedding_gradient
 
 logger = logging.getLogger(__name__)
 
@@ -217,6 +219,8 @@ class TrainingBackend:
             self.model, self.optimizer = boosted[0], boosted[1]
             self.scheduler = boosted[4] if schedule is not None else None
             self.boost_extras = {k: v for k, v in zip(BOOST_EXTRAS, boosted[2:]) if k in extras}
+        if self.plugin_name in (None, "ddp"):  # the optimizer and DDP see the summed, dense gradient
+            sparse_tied_embedding_gradient(unwrap_boosted(self.model))
         self.gemini_guard = None
         if self.shards_parameters:
             AliasLoad.install(self.model)
