@@ -78,18 +78,22 @@ def response_logprobs(model: torch.nn.Module, sequences: torch.Tensor, attention
         if causal_lm:
             kwargs.update(logits_to_keep=num_response_tokens + 1, use_cache=False)
         logits = _logits_of(model(**kwargs))
-    return chosen_logprobs(logits, sequences[:, -num_response_tokens:], temperature)
+    return chosen_logprobs(logits, sequences[:, -num_response_tokens:], temperature, own_logits=True)
 
 
-def chosen_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def chosen_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                    own_logits: bool = False) -> torch.Tensor:
     """``log_softmax(logits[:, K-R-1 : K-1] / temperature)`` gathered at ``targets``, in vocabulary blocks.
 
     logits: [N, K, V] (any float dtype), K >= R + 1: the last position predicts nothing and is skipped.
     targets: LongTensor [N, R]. Returns FloatTensor [N, R] (float32), the same values as the one-shot expression.
     Under autograd only ``logits`` and an [N, R] normaliser are kept for the backward, which recomputes each
     block's softmax; the gradient comes back as one tensor of the logits' shape (zero at unused positions).
+    own_logits: nothing else reads ``logits`` after this call (a model output made for it): the backward writes the
+    gradient over them instead of into a new tensor of their size (on a 152k vocabulary, 16 rows of 33 positions:
+    321 MB less at the backward's start).
     """
-    return _ChosenLogProbs.apply(logits, targets, float(temperature))
+    return _ChosenLogProbs.apply(logits, targets, float(temperature), own_logits)
 
 
 def _blocks(n: int, r: int, v: int) -> List[Tuple[slice, slice]]:
@@ -103,10 +107,12 @@ def _blocks(n: int, r: int, v: int) -> List[Tuple[slice, slice]]:
 
 class _ChosenLogProbs(torch.autograd.Function):
     """Forward: per block, ``log_softmax(x / t).gather(targets)`` and the normaliser ``logsumexp(x / t)`` [N, R].
-    Backward: per block, ``(onehot(targets) - exp(x / t - normaliser)) * grad / t``."""
+    Backward: per block, ``(onehot(targets) - exp(x / t - normaliser)) * grad / t``, over the logits where the
+    caller owns them."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float,
+                own_logits: bool) -> torch.Tensor:
         n, k, v = logits.shape
         r = targets.size(1)
         start = k - r - 1
@@ -121,7 +127,7 @@ class _ChosenLogProbs(torch.autograd.Function):
             out[rows, pos] = torch.log_softmax(x, dim=-1).gather(-1, tgt).squeeze(-1)
             norm[rows, pos] = chosen - out[rows, pos]
         ctx.save_for_backward(logits, targets, norm)
-        ctx.temperature = temperature
+        ctx.temperature, ctx.own_logits = temperature, own_logits
         return out
 
     @staticmethod
@@ -131,7 +137,12 @@ class _ChosenLogProbs(torch.autograd.Function):
         n, k, v = logits.shape
         r = targets.size(1)
         start = k - r - 1
-        grad = torch.zeros_like(logits)
+        if ctx.own_logits:  # each block is read before it is written; the positions no block covers are zeroed
+            grad = logits
+            grad[:, :start].zero_()
+            grad[:, start + r:].zero_()
+        else:
+            grad = torch.zeros_like(logits)
         for rows, pos in _blocks(n, r, v):
             cols = slice(start + pos.start, start + min(pos.stop, r))
             x = logits[rows, cols].float()
@@ -143,4 +154,4 @@ class _ChosenLogProbs(torch.autograd.Function):
             if t != 1.0:
                 block.div_(t)
             grad[rows, cols] = block
-        return grad, None, None
+        return grad, None, None, None
