@@ -135,10 +135,10 @@ def test_gemini_accumulates_when_a_step_has_several_micro_batches():
     ("zero2", {"stage": 2, "cpu_offload": True}, True, "hybrid_adam"),   # the optimizer steps on the CPU
     ("hybrid", {"zero_stage": 2, "cpu_offload": True}, True, "hybrid_adam"),
     ("gemini", {"precision": "bf16"}, True, "hybrid_adam"),              # Gemini takes ColossalAI's Adam only
-    ("zero2", {"stage": 2}, False, "adamw"),
-    ("ddp", {}, False, "adamw"),
+    ("zero2", {"stage": 2}, False, "fused_adamw"),                     # torch's fused kernel on the CPU too
+    ("ddp", {}, False, "fused_adamw"),
 ])
-def test_the_optimizer_is_fused_adamw_on_cuda_unless_the_plugin_needs_hybrid_adam(name, options, cuda, kind):
+def test_the_optimizer_is_fused_adamw_unless_the_plugin_needs_hybrid_adam_on_cuda(name, options, cuda, kind):
     from coati_relay.training.plugins import optimizer_kind
 
     assert optimizer_kind(name, options, cuda) == kind
