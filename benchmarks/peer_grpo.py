@@ -56,9 +56,11 @@ def trl_device_kwargs(cuda: bool) -> Dict[str, Any]:
 
 
 def run_trl(model: str, steps: int, work_dir: Path, new_tokens: int, prompts: int = PROMPTS_PER_STEP,
-            generations: int = GENERATIONS) -> Dict[str, Any]:
+            generations: int = GENERATIONS, microbatch: Optional[int] = None) -> Dict[str, Any]:
     """TRL's ``GRPOTrainer`` on the GPU where there is one (else the CPU), generating with ``model.generate`` (TRL's
-    own default without vLLM)."""
+    own default without vLLM). microbatch: samples per training forward and backward (``per_device_train_batch_size``,
+    with ``gradient_accumulation_steps`` making up the step's samples: still one generation batch and one optimizer
+    step a step); None: all of a step's samples in one."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -94,6 +96,9 @@ def run_trl(model: str, steps: int, work_dir: Path, new_tokens: int, prompts: in
             if logs and "reward" in logs and steps_out:
                 steps_out[-1]["reward"] = float(logs["reward"])
 
+    microbatch = microbatch or prompts * generations
+    if (prompts * generations) % microbatch:
+        raise ValueError(f"--train-microbatch {microbatch} must divide the step's {prompts * generations} samples")
     policy = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model)
     generate = policy.generate
@@ -112,7 +117,8 @@ def run_trl(model: str, steps: int, work_dir: Path, new_tokens: int, prompts: in
         output_dir=str(work_dir / "trl"), **trl_device_kwargs(torch.cuda.is_available()), seed=SEED,
         max_steps=steps, learning_rate=LR, lr_scheduler_type="constant", weight_decay=0.01, max_grad_norm=0.0,
         beta=0.0, loss_type="grpo",
-        num_generations=generations, per_device_train_batch_size=prompts * generations,
+        num_generations=generations, per_device_train_batch_size=microbatch,
+        gradient_accumulation_steps=prompts * generations // microbatch,
         max_completion_length=new_tokens, temperature=1.0, top_p=1.0, logging_steps=1, report_to="none",
         save_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
     trainer = GRPOTrainer(model=policy, reward_funcs=toy_letter, args=config, train_dataset=data,
@@ -272,9 +278,9 @@ def main(argv: List[str]) -> int:
     p.add_argument("--backend", default="vllm", choices=["vllm", "transformers"])
     p.add_argument("--colocate", action="store_true", help="the engine side: producer and consumer in one process")
     p.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="most tokens sampled per response")
-    p.add_argument("--train-microbatch", type=int, default=PROMPTS_PER_STEP * GENERATIONS,
-                   help="the engine side: samples per training forward and backward (TRL's side takes all 64 in one, "
-                        "with gradient checkpointing, its GRPOConfig default)")
+    p.add_argument("--train-microbatch", type=int, default=None,
+                   help="samples per training forward and backward, on either side (default: all of a step's in "
+                        "one; TRL's side with gradient checkpointing, its GRPOConfig default)")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="the engine side: train_model_config['gradient_checkpointing'] (TRL's side has it on)")
     p.add_argument("--engine", default="{}", help="the engine side: extra inference_model_config keys, as JSON "
@@ -285,10 +291,11 @@ def main(argv: List[str]) -> int:
     work_dir = Path(a.out).with_suffix("")
     work_dir.mkdir(parents=True, exist_ok=True)
     if a.side == "trl":
-        result = run_trl(a.model, a.steps, work_dir, a.new_tokens, a.prompts, a.generations)
+        result = run_trl(a.model, a.steps, work_dir, a.new_tokens, a.prompts, a.generations, a.train_microbatch)
     else:
         result = run_engine(a.model, a.steps, work_dir, a.backend, a.colocate, a.new_tokens, json.loads(a.engine),
-                            a.train_microbatch, a.gradient_checkpointing, a.prompts, a.generations)
+                            a.train_microbatch or a.prompts * a.generations, a.gradient_checkpointing, a.prompts,
+                            a.generations)
     result["pid"] = os.getpid()
     result.update(gpu_peak())
     Path(a.out).write_text(json.dumps(result))

@@ -4,10 +4,10 @@ takes minutes and up to about 15 GB.
 
 Work per step, the same on both sides: 4 toy prompts x 4 samples of at most 32 new tokens, AdamW (lr 5e-3, weight
 decay 0.01), constant schedule, ``beta = 0``, one optimizer step; TRL trains its 16 sequences in one micro-batch with
-gradient checkpointing (its default), the engine in micro-batches of 4 without. The toy reward stays 0 on this
-random model, so both sides do a step's whole work with zero gradients: the pair measures cost, not learning (the
-toy-model pairs check learning). Figures per side: s/step (median of
-the steps after the first), whole run, peak PSS of the process tree and bytes per parameter, and on the engine's side
+gradient checkpointing (its default); the engine in micro-batches of 4 without, and at TRL's settings. The toy
+reward stays 0 on this random model, so both sides do a step's whole work with zero gradients: the pair measures
+cost, not learning (the toy-model pairs check learning). Figures per side: s/step (median of the steps after the
+first), whole run, peak PSS of the process tree and bytes per parameter, and on the engine's side
 its largest RSS in each phase (`peer_grpo.memory_by_phase`).
 """
 from __future__ import annotations
@@ -21,7 +21,11 @@ from test_vs_trl import run_side
 
 PROMPTS, GENERATIONS, NEW_TOKENS, MICROBATCH, STEPS = 4, 4, 32, 4, 3
 WORK = ["--prompts", str(PROMPTS), "--generations", str(GENERATIONS)]
-EXTRA_ARGS = {"trl": WORK, "engine-colocated": [*WORK, "--train-microbatch", str(MICROBATCH)]}
+# side -> (peer_grpo.py side, its arguments); the engine twice: in micro-batches of 4, and at TRL's own training
+# settings (the step's 16 samples in one micro-batch, gradient checkpointing)
+EXTRA_ARGS = {"trl": ("trl", WORK),
+              "engine-colocated": ("engine-colocated", [*WORK, "--train-microbatch", str(MICROBATCH)]),
+              "engine-colocated-trl-settings": ("engine-colocated", [*WORK, "--gradient-checkpointing"])}
 
 
 def _parameters(model: str) -> int:
@@ -46,7 +50,8 @@ def test_real_size_vs_trl(benchmark, figures, tmp_path, side):
         pytest.skip("make bench only: each side of the 494M model takes minutes and up to about 15 GB")
     model = str(build_real_size_model())
     runs = []
-    benchmark.pedantic(lambda: runs.append(run_side(side, model, STEPS, tmp_path, NEW_TOKENS, EXTRA_ARGS[side])),
+    peer_side, extra = EXTRA_ARGS[side]
+    benchmark.pedantic(lambda: runs.append(run_side(peer_side, model, STEPS, tmp_path, NEW_TOKENS, extra)),
                        rounds=1, iterations=1)
     run = runs[0]
     assert len(run["steps"]) == STEPS, run["steps"]

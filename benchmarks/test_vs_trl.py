@@ -50,15 +50,18 @@ SIDES = {"trl": ["trl"], "engine-vllm": ["engine", "--backend", "vllm"],
          "engine-transformers": ["engine", "--backend", "transformers"],
          "engine-colocated": ["engine", "--backend", "transformers", "--colocate"],
          "engine-colocated-vllm": ["engine", "--backend", "vllm", "--colocate"],
-         # the long setting only: 4 training micro-batches of 16 (one optimizer step), activations a quarter
-         "engine-colocated-mb16": ["engine", "--backend", "transformers", "--colocate", "--train-microbatch", "16"]}
+         # the long setting only: each side in training micro-batches of 16 and of 32 (one optimizer step a step)
+         "engine-colocated-mb16": ["engine", "--backend", "transformers", "--colocate", "--train-microbatch", "16"],
+         "engine-colocated-mb32": ["engine", "--backend", "transformers", "--colocate", "--train-microbatch", "32"],
+         "trl-mb16": ["trl", "--train-microbatch", "16"], "trl-mb32": ["trl", "--train-microbatch", "32"]}
 # Where a side computes each prompt once for its samples (`coati_relay.inference.prompt_sharing`): the engine's
 # consumer in training, the transformers backend in its prefill.
 TRAINING_SHARES = {"engine-vllm", "engine-transformers", "engine-colocated", "engine-colocated-vllm",
-                   "engine-colocated-mb16"}
-PREFILL_SHARES = {"engine-transformers", "engine-colocated", "engine-colocated-mb16"}
+                   "engine-colocated-mb16", "engine-colocated-mb32"}
+PREFILL_SHARES = {"engine-transformers", "engine-colocated", "engine-colocated-mb16", "engine-colocated-mb32"}
 SAMPLES_PER_STEP = PROMPTS_PER_STEP * GENERATIONS
-LONG_ONLY, SHORT_ONLY = {"engine-colocated-mb16"}, {"engine-transformers"}
+LONG_ONLY = {"engine-colocated-mb16", "engine-colocated-mb32", "trl-mb16", "trl-mb32"}
+SHORT_ONLY = {"engine-transformers"}
 CASES = [(setting, side) for setting in SETTINGS for side in SIDES
          if side not in (SHORT_ONLY if setting == LONG_SETTING else LONG_ONLY)]
 SMOKE_SETTING = "0.38M"  # the only setting of the smoke run
@@ -187,7 +190,7 @@ def test_grpo_vs_trl(benchmark, figures, tmp_path, peer_models, peak_flops, sett
         assert len(run["steps"]) == steps, run["steps"]
         for step in run["steps"]:
             assert step["samples"] == SAMPLES_PER_STEP, step
-            if side == "trl":
+            if side.startswith("trl"):
                 assert step["trained_samples"] == SAMPLES_PER_STEP, step
             assert 0 < step["tokens"] <= SAMPLES_PER_STEP * new_tokens, step
             assert 0.0 <= step["reward"] <= 1.0, step
