@@ -65,6 +65,21 @@ def test_positions_before_the_response_are_skipped():
     assert not grad[:, :3].any() and grad[:, 3:8].abs().sum(dim=-1).gt(0).all()
 
 
+@pytest.mark.parametrize("k", [6, 9])
+def test_owned_logits_take_the_gradient_in_place_with_the_same_values(k, monkeypatch):
+    """``own_logits``: the backward writes over the logits (an intermediate of the caller's, here ``x * 1``), zero
+    outside the response positions, equal to the gradient of a new tensor."""
+    monkeypatch.setattr(logprobs_module, "BLOCK_ELEMENTS", 100)
+    logits, targets, weights = _case(k=k)
+    _, want = _value_and_grad(chosen_logprobs, logits, targets, weights, 0.7)
+    x = logits.detach().clone().requires_grad_(True)
+    owned = x * 1
+    (chosen_logprobs(owned, targets, 0.7, own_logits=True) * weights).sum().backward()
+    torch.testing.assert_close(x.grad, want, rtol=0, atol=0)
+    assert torch.equal(owned.detach(), x.grad), "the gradient was written over the owned logits"
+    assert not x.grad[:, :k - 6].any() and not x.grad[:, -1].any()
+
+
 def test_no_grad_forward_keeps_nothing():
     logits, targets, _ = _case()
     with torch.no_grad():
