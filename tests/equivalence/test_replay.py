@@ -22,6 +22,10 @@ pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 STEPS, BATCH, PROMPT, ACTIONS, EOS, PAD = 24, 4, 8, 8, 1, 0
 RTOL, ATOL = 1e-5, 1e-6
+# Weights: the shim steps torch's fused Adam (the engine's optimizer, `plugins.optimizer_kind`), the reference the
+# unfused one; they round apart by about 1e-7 a step, which Adam's division by each element's running RMS carries to
+# at most 1.7e-6 over these steps (weights of about 0.09).
+WEIGHT_ATOL = 5e-6
 
 
 def models():
@@ -79,7 +83,7 @@ class Reference:
         for ref, shim in ((self.actor, trainer.actor.model), (self.body, trainer.critic.model),
                           (self.head, trainer.critic.value_head)):
             for (name, a), (_, b) in zip(ref.state_dict().items(), shim.state_dict().items()):
-                torch.testing.assert_close(b, a, rtol=RTOL, atol=ATOL, msg=name)
+                torch.testing.assert_close(b, a, rtol=RTOL, atol=WEIGHT_ATOL, msg=name)
 
 
 def assert_losses_agree(shim_losses, ref_losses):

@@ -89,11 +89,11 @@ def test_fp16_master_state_round_trips_through_the_strategy_files(tmp_path):
 
 
 @pytest.mark.parametrize("plugin,options,cuda,expected", [
-    (None, {}, False, None), ("ddp", {}, True, True), ("zero2", {"cpu_offload": False}, True, True)])
+    (None, {}, False, True), ("ddp", {}, True, True), ("zero2", {"cpu_offload": False}, True, True)])
 def test_the_ppo_trainer_picks_adam_as_the_engine_picks_its_optimizer(monkeypatch, plugin, options, cuda,
                                                                       expected):
     """torch's fused Adam on CUDA where the plugin needs no HybridAdam (the legacy trainer built HybridAdam under
-    LowLevelZero, whose kernel build took minutes on a GPU host); torch's Adam on the CPU."""
+    LowLevelZero, whose kernel build took minutes on a GPU host), and on the CPU."""
     from types import SimpleNamespace
 
     from coati_compat.shims import ppo_trainer
