@@ -4,6 +4,7 @@ frozen embedding is left dense."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +12,8 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 from coati_relay.training.booster_backend import TrainingBackend
 from coati_relay.training.tied_embedding import sparse_tied_embedding_gradient, tied_trainable_embedding
+
+WORLD = 2
 
 
 def _qwen2(tied: bool) -> torch.nn.Module:
@@ -57,3 +60,41 @@ def test_an_untied_or_frozen_embedding_stays_dense(case):
     assert sparse_tied_embedding_gradient(model) is False
     TrainingBackend(model, lr=1e-2, plugin="ddp")
     assert not model.get_input_embeddings().sparse
+
+
+def _inputs(rank: int) -> torch.Tensor:
+    ids = torch.randint(0, 96, (2, 10), generator=torch.Generator().manual_seed(10 + rank))
+    ids[:, ::2] = 5  # a token both ranks embed
+    return ids
+
+
+def _ddp_rank(rank: int, port: int, out_dir: str) -> None:
+    """One rank: the tied model under DDP, a backward on this rank's inputs; saves the averaged gradients."""
+    from coati_relay.training.distributed import init_process_group
+
+    torch.set_num_threads(1)
+    init_process_group(rank, WORLD, "127.0.0.1", port, backend="gloo", timeout_s=60)
+    model = _qwen2(tied=True)
+    backend = TrainingBackend(model, lr=1e-2, plugin="ddp")
+    assert model.get_input_embeddings().sparse
+    _backward(backend.model, _inputs(rank))
+    torch.save({name: p.grad.clone() for name, p in model.named_parameters()}, Path(out_dir) / f"rank{rank}.pt")
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_average_the_same_dense_gradient(tmp_path):
+    """Under DDP with two ranks, the tied parameter's gradient (a dense sum of the projection's and the embedding's
+    rows) is averaged like any other: each rank holds the mean of the dense gradients of the two ranks' inputs."""
+    from gloo_ranks import run_ranks
+
+    run_ranks(_ddp_rank, (str(tmp_path),), WORLD, 120)
+    want = []
+    for rank in range(WORLD):
+        dense = _qwen2(tied=True)
+        _backward(dense, _inputs(rank))
+        want.append({name: p.grad for name, p in dense.named_parameters()})
+    for rank in range(WORLD):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        for name, grad in got.items():
+            assert grad.layout == torch.strided, name
+            torch.testing.assert_close(grad, (want[0][name] + want[1][name]) / 2, rtol=1e-5, atol=1e-6, msg=name)
