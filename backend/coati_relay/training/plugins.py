@@ -298,9 +298,7 @@ def optimizer_kind(name: str, options: Dict[str, Any], cuda: bool) -> str:
     the time. HybridAdam's two kernels are built on first use (``fused_optim_cuda`` about 60 s, ``cpu_adam_x86``
     31 s in a fresh environment; `make setup-gpu` builds both ahead, `training.kernels`); the fused AdamW needs no
     build."""
-    if not cuda:
-        return "fused_adamw"
-    if name == "gemini" or options.get("cpu_offload") or options.get("offload_optim_frac", 0) > 0:
+    if cuda and (name == "gemini" or options.get("cpu_offload") or options.get("offload_optim_frac", 0) > 0):
         return "hybrid_adam"
     return "fused_adamw"
 
