@@ -138,12 +138,12 @@ def run_trl(model: str, steps: int, work_dir: Path, new_tokens: int, prompts: in
 
 
 def engine_kwargs(model: str, steps: int, work_dir: Path, backend: str, colocate: bool, new_tokens: int,
-                  engine: Optional[Dict[str, Any]] = None, microbatch: int = PROMPTS_PER_STEP * GENERATIONS,
+                  engine: Optional[Dict[str, Any]] = None, microbatch: Optional[int] = None,
                   gradient_checkpointing: bool = False, prompts: int = PROMPTS_PER_STEP,
                   generations: int = GENERATIONS) -> Dict[str, Any]:
     """The `launch_distributed` keywords of the engine side. engine: extra ``inference_model_config`` keys;
-    microbatch: samples per training forward and backward (one optimizer step per round either way);
-    gradient_checkpointing: ``train_model_config``'s setting."""
+    microbatch: samples per training forward and backward (None: all of a round's; one optimizer step per round
+    either way); gradient_checkpointing: ``train_model_config``'s setting."""
     return dict(
         num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
         inference_batch_size=prompts, inference_microbatch_size=prompts,
@@ -155,14 +155,14 @@ def engine_kwargs(model: str, steps: int, work_dir: Path, backend: str, colocate
         train_model_config={"path": model, "gradient_checkpointing": gradient_checkpointing},
         generate_config={"max_new_tokens": new_tokens, "temperature": 1.0, "top_p": 1.0}, seed=SEED,
         grpo_config={"lr": LR, "beta": 0.0, "weight_decay": 0.01, "reward_fn_type": "toy_letter",
-                     "train_microbatch_size": microbatch},
+                     "train_microbatch_size": microbatch or prompts * generations},
         plugin_config={"plugin": "ddp"}, inference_backend=backend, num_generations=generations,
         core_algo="GRPO", project_name="vs-trl", run_dir=str(work_dir / "engine"), save_interval=10_000,
         colocate=colocate)
 
 
 def run_engine(model: str, steps: int, work_dir: Path, backend: str, colocate: bool, new_tokens: int,
-               engine: Optional[Dict[str, Any]] = None, microbatch: int = PROMPTS_PER_STEP * GENERATIONS,
+               engine: Optional[Dict[str, Any]] = None, microbatch: Optional[int] = None,
                gradient_checkpointing: bool = False, prompts: int = PROMPTS_PER_STEP,
                generations: int = GENERATIONS) -> Dict[str, Any]:
     """`launch_distributed(core_algo="GRPO")`: one producer, one consumer; disaggregated on a local Ray cluster of
@@ -294,8 +294,7 @@ def main(argv: List[str]) -> int:
         result = run_trl(a.model, a.steps, work_dir, a.new_tokens, a.prompts, a.generations, a.train_microbatch)
     else:
         result = run_engine(a.model, a.steps, work_dir, a.backend, a.colocate, a.new_tokens, json.loads(a.engine),
-                            a.train_microbatch or a.prompts * a.generations, a.gradient_checkpointing, a.prompts,
-                            a.generations)
+                            a.train_microbatch, a.gradient_checkpointing, a.prompts, a.generations)
     result["pid"] = os.getpid()
     result.update(gpu_peak())
     Path(a.out).write_text(json.dumps(result))
