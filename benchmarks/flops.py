@@ -55,12 +55,12 @@ def training_flops(s: Dict[str, int], samples: int, prompt_len: int, new_tokens:
     return 3.0 * (prompt + response)
 
 
-def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
-    """The best FLOP/s of ``torch.mm`` of two float32 ``n x n`` matrices over ``repeats`` calls, with torch's
+def matmul_peak_flops(n: int = 2048, repeats: int = 5, dtype: str = "float32") -> float:
+    """The best FLOP/s of ``torch.mm`` of two ``n x n`` matrices of ``dtype`` over ``repeats`` calls, with torch's
     current thread count (the practical ceiling of these CPUs for the dense work of a step)."""
     import torch
 
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    a, b = torch.randn(n, n, dtype=getattr(torch, dtype)), torch.randn(n, n, dtype=getattr(torch, dtype))
     torch.mm(a, b)
     best = float("inf")
     for _ in range(repeats):

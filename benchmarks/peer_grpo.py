@@ -2,12 +2,14 @@
 
     python benchmarks/peer_grpo.py {trl|engine} --model DIR --steps N --out RESULT.json [--backend vllm|transformers]
         [--colocate] [--new-tokens N] [--engine JSON] [--train-microbatch N] [--prompts N] [--generations N]
+        [--precision bf16|fp32]
 
 Both sides do the same GRPO work: the toy prompts (`coati_relay.toy`, numbered, chat template applied),
 ``--prompts`` (default ``PROMPTS_PER_STEP``) prompts x ``--generations`` (default ``GENERATIONS``) samples of at most
 ``--new-tokens`` (default ``NEW_TOKENS``) tokens per step, the ``toy_letter`` reward, AdamW at ``LR`` with weight
 decay 0.01, a constant schedule, no gradient clipping, sample-level loss, ``beta = 0``, one optimizer step per
-generation round. The result file holds, per step, the wall
+generation round, training in ``--precision`` (default bf16, TRL's default: float32 weights and optimizer state,
+forwards under bf16 autocast; TRL's ``bf16``, the engine's ``ddp`` plugin ``precision``). The result file holds, per step, the wall
 time, the time spent generating, the time spent training (TRL: the step less generation and scoring, with ``loss_s``,
 its loss forwards, and ``score_s``, its reward calls; the engine: the consumer's ``train_s``, and ``publish_s``, its
 weight hand-off), the mean reward, the number of sampled tokens and the number of samples (TRL: the rows it generated
@@ -56,11 +58,13 @@ def trl_device_kwargs(cuda: bool) -> Dict[str, Any]:
 
 
 def run_trl(model: str, steps: int, work_dir: Path, new_tokens: int, prompts: int = PROMPTS_PER_STEP,
-            generations: int = GENERATIONS, microbatch: Optional[int] = None) -> Dict[str, Any]:
+            generations: int = GENERATIONS, microbatch: Optional[int] = None,
+            precision: str = "bf16") -> Dict[str, Any]:
     """TRL's ``GRPOTrainer`` on the GPU where there is one (else the CPU), generating with ``model.generate`` (TRL's
     own default without vLLM). microbatch: samples per training forward and backward (``per_device_train_batch_size``,
     with ``gradient_accumulation_steps`` making up the step's samples: still one generation batch and one optimizer
-    step a step); None: all of a step's samples in one."""
+    step a step); None: all of a step's samples in one. precision: ``"bf16"`` (``GRPOConfig``'s default
+    ``bf16=True``: autocast) or ``"fp32"``."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -116,7 +120,7 @@ def run_trl(model: str, steps: int, work_dir: Path, new_tokens: int, prompts: in
     config = GRPOConfig(
         output_dir=str(work_dir / "trl"), **trl_device_kwargs(torch.cuda.is_available()), seed=SEED,
         max_steps=steps, learning_rate=LR, lr_scheduler_type="constant", weight_decay=0.01, max_grad_norm=0.0,
-        beta=0.0, loss_type="grpo",
+        beta=0.0, loss_type="grpo", **({} if precision == "bf16" else {"bf16": False}),  # bf16: TRL's default
         num_generations=generations, per_device_train_batch_size=microbatch,
         gradient_accumulation_steps=prompts * generations // microbatch,
         max_completion_length=new_tokens, temperature=1.0, top_p=1.0, logging_steps=1, report_to="none",
@@ -140,10 +144,10 @@ def run_trl(model: str, steps: int, work_dir: Path, new_tokens: int, prompts: in
 def engine_kwargs(model: str, steps: int, work_dir: Path, backend: str, colocate: bool, new_tokens: int,
                   engine: Optional[Dict[str, Any]] = None, microbatch: Optional[int] = None,
                   gradient_checkpointing: bool = False, prompts: int = PROMPTS_PER_STEP,
-                  generations: int = GENERATIONS) -> Dict[str, Any]:
+                  generations: int = GENERATIONS, precision: str = "bf16") -> Dict[str, Any]:
     """The `launch_distributed` keywords of the engine side. engine: extra ``inference_model_config`` keys;
     microbatch: samples per training forward and backward (None: all of a round's; one optimizer step per round
-    either way); gradient_checkpointing: ``train_model_config``'s setting."""
+    either way); gradient_checkpointing: ``train_model_config``'s setting; precision: the ``ddp`` plugin's."""
     return dict(
         num_producers=1, num_proc_per_producer=1, num_consumer_procs=1, num_episodes=1,
         inference_batch_size=prompts, inference_microbatch_size=prompts,
@@ -156,7 +160,7 @@ def engine_kwargs(model: str, steps: int, work_dir: Path, backend: str, colocate
         generate_config={"max_new_tokens": new_tokens, "temperature": 1.0, "top_p": 1.0}, seed=SEED,
         grpo_config={"lr": LR, "beta": 0.0, "weight_decay": 0.01, "reward_fn_type": "toy_letter",
                      "train_microbatch_size": microbatch or prompts * generations},
-        plugin_config={"plugin": "ddp"}, inference_backend=backend, num_generations=generations,
+        plugin_config={"plugin": "ddp", "precision": precision}, inference_backend=backend, num_generations=generations,
         core_algo="GRPO", project_name="vs-trl", run_dir=str(work_dir / "engine"), save_interval=10_000,
         colocate=colocate)
 
@@ -164,7 +168,7 @@ def engine_kwargs(model: str, steps: int, work_dir: Path, backend: str, colocate
 def run_engine(model: str, steps: int, work_dir: Path, backend: str, colocate: bool, new_tokens: int,
                engine: Optional[Dict[str, Any]] = None, microbatch: Optional[int] = None,
                gradient_checkpointing: bool = False, prompts: int = PROMPTS_PER_STEP,
-               generations: int = GENERATIONS) -> Dict[str, Any]:
+               generations: int = GENERATIONS, precision: str = "bf16") -> Dict[str, Any]:
     """`launch_distributed(core_algo="GRPO")`: one producer, one consumer; disaggregated on a local Ray cluster of
     its own, or colocated in this process (no Ray). engine: extra ``inference_model_config`` keys."""
     from coati_relay.launch import launch_distributed
@@ -176,7 +180,8 @@ def run_engine(model: str, steps: int, work_dir: Path, backend: str, colocate: b
     rss = RssTimeline().start()
     try:
         result = launch_distributed(**engine_kwargs(model, steps, work_dir, backend, colocate, new_tokens, engine,
-                                                    microbatch, gradient_checkpointing, prompts, generations))
+                                                    microbatch, gradient_checkpointing, prompts, generations,
+                                                    precision))
     finally:
         rss.stop()
         if not colocate:
@@ -287,14 +292,17 @@ def main(argv: List[str]) -> int:
                                                    "(e.g. '{\"enforce_eager\": true}')")
     p.add_argument("--prompts", type=int, default=PROMPTS_PER_STEP, help="prompts per step")
     p.add_argument("--generations", type=int, default=GENERATIONS, help="samples per prompt")
+    p.add_argument("--precision", default="bf16", choices=["bf16", "fp32"],
+                   help="training precision of either side (bf16: float32 weights, forwards under bf16 autocast)")
     a = p.parse_args(argv)
     work_dir = Path(a.out).with_suffix("")
     work_dir.mkdir(parents=True, exist_ok=True)
     if a.side == "trl":
-        result = run_trl(a.model, a.steps, work_dir, a.new_tokens, a.prompts, a.generations, a.train_microbatch)
+        result = run_trl(a.model, a.steps, work_dir, a.new_tokens, a.prompts, a.generations, a.train_microbatch,
+                         a.precision)
     else:
         result = run_engine(a.model, a.steps, work_dir, a.backend, a.colocate, a.new_tokens, json.loads(a.engine),
-                            a.train_microbatch, a.gradient_checkpointing, a.prompts, a.generations)
+                            a.train_microbatch, a.gradient_checkpointing, a.prompts, a.generations, a.precision)
     result["pid"] = os.getpid()
     result.update(gpu_peak())
     Path(a.out).write_text(json.dumps(result))

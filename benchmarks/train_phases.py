@@ -1,16 +1,17 @@
 """One training round of the engine (`Learner.train_round`), phase by phase, against this host's matmul peak:
 
-    python benchmarks/train_phases.py [--microbatch N] [--rounds N] [--out RESULT.json]
+    python benchmarks/train_phases.py [--microbatch N] [--rounds N] [--precision bf16|fp32] [--out RESULT.json]
 
 The work of `peer_grpo.py`'s 128-token setting on the 3.5M model: 8 prompts of 29 tokens x 8 responses of up to 128
-(lengths 100-128), GRPO, beta 0, the engine's settings (`peer_grpo.engine_kwargs`), trained by a consumer around the
+(lengths 100-128), GRPO, beta 0, the engine's settings (`peer_grpo.engine_kwargs`, in ``--precision``: bf16
+autocast by default, as the pair trains), trained by a consumer around the
 model (`ConsumerWorker.for_models`, no generation: the batch is random tokens, its behaviour log-probs the model's).
 After a warm-up round, ``--rounds`` rounds are timed; per phase the fastest and the median round: the policy's
 forwards (``forward``; ``log_softmax``, the vocabulary blocks, inside it), ``backward`` (``log_softmax_backward``
 inside it), the optimizer step (``optimizer``; ``grad_norm`` and ``finite_check`` inside it), and the round
 (``round``: the phases and what the learner does around them). Beside them the matmul floor of the forward and
 the backward (`flops.py`: matmuls only, the prompt once per group, backward twice the forward) at the ``torch.mm``
-peak measured in the same process, with torch's current thread count. Weight publishing is not timed: a
+peak in the precision's dtype measured in the same process, with torch's current thread count. Weight publishing is not timed: a
 colocated run that generates with the transformers backend trains the weights in place and publishes nothing.
 """
 from __future__ import annotations
@@ -80,7 +81,7 @@ def _rollout(policy: torch.nn.Module):
                    weight_version=0, rewards=torch.rand(n, generator=gen))
 
 
-def measure(microbatch: int, rounds: int) -> Dict[str, Any]:
+def measure(microbatch: int, rounds: int, precision: str = "bf16") -> Dict[str, Any]:
     """The phases of ``rounds`` timed rounds (after one warm-up), their matmul floors and the peak."""
     from coati_relay.assembly.build import build_run_config
     from coati_relay.roles.consumer import ConsumerWorker
@@ -88,7 +89,8 @@ def measure(microbatch: int, rounds: int) -> Dict[str, Any]:
     from coati_relay.training.booster_backend import load_causal_lm
 
     model = str(build_tiny_model(**SHAPE))
-    kwargs = engine_kwargs(model, 2, Path(tempfile.mkdtemp()), "transformers", True, NEW_TOKENS, None, microbatch)
+    kwargs = engine_kwargs(model, 2, Path(tempfile.mkdtemp()), "transformers", True, NEW_TOKENS, None, microbatch,
+                           precision=precision)
     del kwargs["colocate"]
     cfg = build_run_config(**kwargs, progress=False)
     torch.manual_seed(0)
@@ -108,8 +110,9 @@ def measure(microbatch: int, rounds: int) -> Dict[str, Any]:
     forward = (PROMPTS_PER_STEP * PROMPT_LEN * forward_flops_per_token(s, (PROMPT_LEN + 1) / 2)
                + PROMPTS_PER_STEP * GENERATIONS * NEW_TOKENS
                * forward_flops_per_token(s, PROMPT_LEN + (NEW_TOKENS + 1) / 2))
-    peak = matmul_peak_flops()
-    return {"microbatch": microbatch, "threads": torch.get_num_threads(), "matmul_peak_gflop_per_s": peak / 1e9,
+    peak = matmul_peak_flops(dtype="bfloat16" if precision == "bf16" else "float32")
+    return {"microbatch": microbatch, "precision": precision, "threads": torch.get_num_threads(),
+            "matmul_peak_gflop_per_s": peak / 1e9,
             "floor_s": {"forward": forward / peak, "backward": 2 * forward / peak},
             "fastest_s": {k: min(r[k] for r in per_round) for k in per_round[0]},
             "median_s": {k: statistics.median(r[k] for r in per_round) for k in per_round[0]}}
@@ -120,9 +123,10 @@ def main(argv: List[str]) -> int:
     p.add_argument("--microbatch", type=int, default=PROMPTS_PER_STEP * GENERATIONS,
                    help="train_microbatch_size: sequences per forward and backward")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds, after one warm-up")
+    p.add_argument("--precision", default="bf16", choices=["bf16", "fp32"], help="the ddp plugin's precision")
     p.add_argument("--out", help="also write the result here, as JSON")
     a = p.parse_args(argv)
-    result = measure(a.microbatch, a.rounds)
+    result = measure(a.microbatch, a.rounds, a.precision)
     print(json.dumps(result, indent=1))
     if a.out:
         Path(a.out).write_text(json.dumps(result))

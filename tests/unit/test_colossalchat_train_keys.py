@@ -43,11 +43,14 @@ def test_colossalchat_plugin_on_a_cuda_host_is_hybrid_with_its_defaults_updated_
     assert got.options == {"tp_size": 1, "pp_size": 1, "precision": "bf16", "zero_stage": 0}
 
 
-def test_colossalchat_plugin_without_cuda_is_ddp_fp32_and_says_so():
+def test_colossalchat_plugin_without_cuda_is_ddp_in_its_precision_and_says_so():
     got = resolve_colossalchat({"zero_stage": 2}, 2, cuda_available=False)
-    assert (got.name, got.options, got.data_parallel) == ("ddp", {}, 2)
+    assert (got.name, got.options, got.data_parallel) == ("ddp", {"precision": "bf16"}, 2)
     (text,) = got.differences
-    assert "precision='bf16', zero_stage=2" in text and "TorchDDPPlugin in fp32" in text
+    assert "precision='bf16', zero_stage=2" in text and "TorchDDPPlugin, float32 weights" in text
+    assert "bf16 autocast" in text
+    got = resolve_colossalchat({"precision": "fp16"}, 1, cuda_available=False)  # no fp16 autocast without scaling
+    assert got.options == {} and "TorchDDPPlugin, in fp32" in got.differences[0]
     # what HybridParallelPlugin would do in fp32 without ZeRO is what DDP does: no difference to name
     assert resolve_colossalchat({"zero_stage": 0, "precision": "fp32"}, 1, cuda_available=False).differences == ()
     with pytest.raises(ValueError, match="zero_stage > 0 needs precision"):
@@ -68,8 +71,8 @@ def test_model_parallel_sizes_keep_colossalchats_data_parallel_size():
 def test_launch_config_uses_the_colossalchat_plugin_and_warns_once(tiny_model_path, tmp_path):
     cfg, caught = _build(**small_run_kwargs(tmp_path, tiny_model_path, plugin_config={"zero_stage": 2,
                                                                                        "max_norm": 1.0}))
-    assert (cfg.plugin.name, cfg.plugin.options, cfg.algo.max_grad_norm) == ("ddp", {}, 1.0)
-    assert len(caught) == 1 and "TorchDDPPlugin in fp32" in str(caught[0].message)
+    assert (cfg.plugin.name, cfg.plugin.options, cfg.algo.max_grad_norm) == ("ddp", {"precision": "bf16"}, 1.0)
+    assert len(caught) == 1 and "bf16 autocast" in str(caught[0].message)
     kw = small_run_kwargs(tmp_path, tiny_model_path, num_consumer_procs=2, train_batch_size=2,
                           train_minibatch_size=2, inference_microbatch_size=2, plugin_config={"tp_size": 2})
     cfg, caught = _build(**kw)

@@ -29,7 +29,7 @@ class ConfigBuilt(Exception):
     """Stops the TRL side once its config's keywords are known."""
 
 
-def trl_config_keywords(peer_grpo, monkeypatch, tmp_path, tiny_model_path, cuda: bool):
+def trl_config_keywords(peer_grpo, monkeypatch, tmp_path, tiny_model_path, cuda: bool, **run):
     import trl
     from trl import GRPOConfig, GRPOTrainer  # noqa: F401  imported (bitsandbytes' CUDA probe) before CUDA is faked
 
@@ -42,7 +42,7 @@ def trl_config_keywords(peer_grpo, monkeypatch, tmp_path, tiny_model_path, cuda:
     monkeypatch.setattr(trl, "GRPOConfig", record)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     with pytest.raises(ConfigBuilt):
-        peer_grpo.run_trl(tiny_model_path, 2, tmp_path, 4)
+        peer_grpo.run_trl(tiny_model_path, 2, tmp_path, 4, **run)
     return seen
 
 
@@ -51,6 +51,8 @@ def test_trl_trains_on_the_gpu_where_there_is_one(peer_grpo, monkeypatch, tmp_pa
     seen = trl_config_keywords(peer_grpo, monkeypatch, tmp_path, tiny_model_path, cuda)
     assert seen["use_cpu"] is (not cuda), seen
     assert not {"bf16", "fp16"} & set(seen), "TRL's own default precision (bf16 mixed precision on a GPU)"
+    seen = trl_config_keywords(peer_grpo, monkeypatch, tmp_path, tiny_model_path, cuda, precision="fp32")
+    assert seen["bf16"] is False and "fp16" not in seen
 
 
 def test_trl_default_precision_stands_on_the_cpu(peer_grpo, tmp_path):

@@ -116,9 +116,11 @@ DAPO_KEYS = {"filter_range": [0.01, 0.99], "dynamic_batching": True, "clip_eps_l
 
 def make_config(model_path: str, data_path: str, core_algo: str = "GRPO", consumers: int = 1,
                 train_batch_size: int = 2, microbatch: Optional[int] = None, group_size: int = 2,
-                generate: Optional[Dict] = None, train_model: Optional[Dict] = None, **grpo):
-    """A checked `RunConfig` for one producer (8 prompts a round) and ``consumers`` consumers on the ddp plugin, with
-    the toy reward; DAPO gets `DAPO_KEYS` (``grpo`` overrides them); ``train_model``: more train_model_config keys."""
+                generate: Optional[Dict] = None, train_model: Optional[Dict] = None,
+                plugin_config: Optional[Dict] = None, **grpo):
+    """A checked `RunConfig` for one producer (8 prompts a round) and ``consumers`` consumers on the ddp plugin (or
+    ``plugin_config``), with the toy reward; DAPO gets `DAPO_KEYS` (``grpo`` overrides them); ``train_model``: more
+    train_model_config keys."""
     from coati_relay.assembly.build import build_run_config
 
     grpo_config = {"lr": 1e-2, "reward_fn_type": "toy_letter", **(DAPO_KEYS if core_algo == "DAPO" else {}), **grpo}
@@ -132,7 +134,7 @@ def make_config(model_path: str, data_path: str, core_algo: str = "GRPO", consum
         inference_model_config={"path": model_path},
         generate_config={"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0, **(generate or {})},
         train_model_config={"path": model_path, **(train_model or {})}, grpo_config=grpo_config,
-        plugin_config={"plugin": "ddp"},
+        plugin_config=plugin_config or {"plugin": "ddp"},
         inference_backend="transformers", num_generations=group_size, core_algo=core_algo, progress=False)
 
 

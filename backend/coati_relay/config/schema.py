@@ -349,7 +349,8 @@ class RolloutLogSettings:
 
 
 @section(CC, "HybridParallelPlugin's options over ColossalChat's defaults tp_size=1, pp_size=1, precision='bf16', "
-             "zero_stage=2; without CUDA TorchDDPPlugin in fp32 runs instead, and tp/pp > 1 run as as many "
+             "zero_stage=2; without CUDA TorchDDPPlugin runs instead (bf16 autocast over float32 weights where "
+             "precision is 'bf16', else fp32), and tp/pp > 1 run as as many "
              "data-parallel consumers as ColossalChat's data-parallel size, each after one warning", "plugin_config")
 @dataclass(frozen=True)
 class Plugin:

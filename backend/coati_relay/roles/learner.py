@@ -236,13 +236,14 @@ class Learner:
 
     def logprobs(self, model, seq, attn, num_resp) -> torch.Tensor:
         """[N, R] log-probs of the policy (``self.policy.model``) or the reference model; the samples of a group
-        share one forward of their prompt where the model allows (`coati_relay.inference.prompt_sharing`)."""
-        if model is self.policy.model:
-            return response_logprobs(model, seq, attn, num_resp, temperature=self.cfg.sampling.temperature,
-                                     causal_lm=self.policy.causal_lm, share_prompts=self._share_prompts,
-                                     fixed_forwards=self.world_size > 1)
-        return response_logprobs(model, seq, attn, num_resp, temperature=self.cfg.sampling.temperature,
-                                 share_prompts=True)
+        share one forward of their prompt where the model allows (`coati_relay.inference.prompt_sharing`). Both
+        forwards in the policy's precision (`TrainingBackend.forward_precision`): at the first step they agree."""
+        t = self.cfg.sampling.temperature
+        with self.policy.forward_precision():
+            if model is self.policy.model:
+                return response_logprobs(model, seq, attn, num_resp, temperature=t, causal_lm=self.policy.causal_lm,
+                                         share_prompts=self._share_prompts, fixed_forwards=self.world_size > 1)
+            return response_logprobs(model, seq, attn, num_resp, temperature=t, share_prompts=True)
 
     def logprobs_chunked(self, model, seq, attn, num_resp) -> torch.Tensor:
         """`logprobs` in forward chunks of the micro-batch size (no gradient): [N, R]."""
@@ -252,7 +253,8 @@ class Learner:
 
     def values(self, seq, attn, prompt_len: int, num_resp: int) -> torch.Tensor:
         """Critic value of the state before each response token: positions P-1 .. P+R-2 -> [N, R]."""
-        v = self.critic.model(seq, attention_mask=attn)
+        with self.critic.forward_precision():
+            v = self.critic.model(seq, attention_mask=attn)
         return v[:, prompt_len - 1: prompt_len - 1 + num_resp].float()
 
     def loss_mask(self, accuracy: torch.Tensor, lengths: torch.Tensor, group_size: int,

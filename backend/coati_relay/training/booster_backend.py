@@ -16,8 +16,9 @@ import importlib.util
 import logging
 import os
 import sys
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Dict, Iterable, Optional, Tuple, Union
+from typing import Any, ContextManager, Dict, Iterable, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -31,7 +32,7 @@ from .finite_checks import check_gradient_chunks, check_losses, check_overflow_s
 from .gemini_guards import GEMINI, AliasLoad, GeminiStepGuard
 from .master_weights import find_master_optimizer, with_master_weights
 from .model_description import is_peft, save_description
-from .plugins import build_optimizer, build_plugin, resolve_plugin
+from .plugins import autocast_dtype, build_optimizer, build_plugin, resolve_plugin
 from .schedule import WarmupSchedule, check_args
 from .tied_embedding import sparse_tied_embedding_gradient
 
@@ -198,6 +199,8 @@ class TrainingBackend:
         by `step`) with ``extras``."""
         self.name, self.check_finite, self.steps_done = name, check_finite, 0
         self.plugin_options = options
+        autocast = autocast_dtype(self.plugin_name, options)
+        self.autocast = getattr(torch, autocast) if autocast else None
         if optimizer is not None and master_weights and not self.keeps_master_weights:
             optimizer = with_master_weights(optimizer, **(loss_scale or {}))
         extras = {k: v for k, v in (extras or {}).items() if v is not None}
@@ -258,6 +261,14 @@ class TrainingBackend:
         if dist.get_world_size() > 1:
             return nn.parallel.DistributedDataParallel(model)
         return model
+
+    def forward_precision(self) -> ContextManager:
+        """The context the model's forwards run in: ``torch.autocast`` in ``self.autocast`` (``ddp`` with
+        ``precision="bf16"``: `plugins.autocast_dtype`), else none. The backward runs outside it, as autocast
+        wants."""
+        if self.autocast is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast)
 
     @property
     def device(self) -> torch.device:

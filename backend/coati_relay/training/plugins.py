@@ -5,7 +5,9 @@ actor starts. `build_plugin` makes the plugin instance inside the consumer, afte
 
 On a host without CUDA, ColossalAI 0.5 trains with ``ddp`` (TorchDDPPlugin) and with ``hybrid``
 (HybridParallelPlugin) at ``tp_size = pp_size = 1``, ``zero_stage = 0`` and ``precision = "fp32"``; LowLevelZero
-and Gemini need CUDA.
+and Gemini need CUDA. ``ddp`` takes one option of the engine's own, ``precision``: ``"fp32"`` (the default), or
+``"bf16"``: float32 weights, gradients and optimizer state, with the trained models' forwards under bfloat16
+autocast (`autocast_dtype`), on any device; what ColossalChat's default ``precision="bf16"`` trains with here.
 
 Model parallelism is refused on every host (`MODEL_PARALLEL_OPTIONS`): the consumer runs a plain forward on the
 whole model and each rank trains on rollouts of its own, so it has no pipeline schedule (pp), no vocabulary-parallel
@@ -81,6 +83,9 @@ PLUGIN_OPTIONS: Dict[str, Set[str]] = {
                "overlap_p2p", "overlap_allgather", "fp8_communication", "use_fp8", "inner_ring_size"},
 }
 
+# Options the engine reads itself and does not pass to the plugin's constructor (`build_plugin` drops them).
+ENGINE_OPTIONS: Dict[str, Set[str]] = {"ddp": {"precision"}}
+
 # Plugin options that would split the model over ranks, and why a consumer cannot run them.
 MODEL_PARALLEL_OPTIONS: Dict[str, str] = {
     "tp_size": "tensor parallelism needs the same rollouts on every rank of a tensor-parallel group and log-probs "
@@ -95,7 +100,7 @@ MODEL_PARALLEL_OPTIONS: Dict[str, str] = {
 _DATA_PARALLEL_TEXT = ("train data-parallel instead: more consumer processes (num_consumer_procs), and ZeRO to shard "
                        "memory (plugin 'zero2', 'gemini', or 'hybrid' with zero_stage 1 or 2)")
 
-_PRECISIONS = {"zero2": {"fp16", "bf16", "fp32"}, "gemini": {"fp16", "bf16"}, "hybrid": {"fp16", "bf16", "fp32"}}
+_PRECISIONS = {"ddp": {"fp32", "bf16"}, "zero2": {"fp16", "bf16", "fp32"}, "gemini": {"fp16", "bf16"}, "hybrid": {"fp16", "bf16", "fp32"}}
 _CPU_PLUGINS_TEXT = "'ddp', or 'hybrid' with tp_size=1, pp_size=1, zero_stage=0, precision='fp32'"
 _HYBRID_CPU = {"zero_stage": 0, "precision": "fp32"}
 _FALLBACK_WARNED: Set[str] = set()
@@ -164,9 +169,10 @@ def resolve_plugin(name: str, options: Optional[Dict[str, Any]] = None, allow_cp
         raise TypeError(f"plugin options must be a dict or None, got {type(options).__name__}")
     options = dict(options or {})
     _check_data_parallel(name, options)
-    unknown = sorted(set(options) - PLUGIN_OPTIONS[name])
+    accepted = PLUGIN_OPTIONS[name] | ENGINE_OPTIONS.get(name, set())
+    unknown = sorted(set(options) - accepted)
     if unknown:
-        raise ValueError(f"plugin {name!r} has no options {unknown}; accepted: {sorted(PLUGIN_OPTIONS[name])}")
+        raise ValueError(f"plugin {name!r} has no options {unknown}; accepted: {sorted(accepted)}")
     cuda = _cuda_available() if cuda_available is None else bool(cuda_available)
     entry = PLUGINS[name]
     if entry.needs_cuda and not cuda:
@@ -211,7 +217,8 @@ def resolve_colossalchat(plugin_config: Dict[str, Any], num_consumer_procs: int,
     """ColossalChat's meaning of ``plugin_config``: ``HybridParallelPlugin`` with `COLOSSALCHAT_PLUGIN_DEFAULTS`
     updated by the given options. With CUDA that is the plugin used. Model parallelism (tp, pp, sp > 1) is not in
     this engine on any host: the same data-parallel size trains instead, each consumer holding the whole model.
-    Without CUDA (no bf16/fp16 mixed precision, no ZeRO, no fp8): TorchDDPPlugin in fp32. Each difference is a
+    Without CUDA (no ZeRO, no fp8, no mixed precision with low-precision weights): TorchDDPPlugin, under bf16
+    autocast where the precision is ``"bf16"`` (the default; `autocast_dtype`), else in fp32. Each difference is a
     sentence in ``differences`` for the driver's one warning. Raises ValueError on an option HybridParallelPlugin
     does not take or a value it rejects (as ColossalChat's consumer would fail)."""
     if not isinstance(plugin_config, dict):
@@ -251,13 +258,16 @@ def resolve_colossalchat(plugin_config: Dict[str, Any], num_consumer_procs: int,
                   if k in merged and merged[k] not in (None, False, 0, "fp32")}
     others = sorted(k for k in set(merged) - set(needs_cuda) - {"tp_size", "pp_size", "precision", "zero_stage"}
                     if merged[k] not in (None, False))
+    options = {"precision": "bf16"} if merged.get("precision") == "bf16" else {}
     if needs_cuda or others:
         what = ", ".join(f"{k}={v!r}" for k, v in needs_cuda.items())
         text = (f"HybridParallelPlugin({what}) needs CUDA, which this host lacks" if what else
                 "this host has no CUDA")
+        how = ("float32 weights and optimizer state, forwards under bf16 autocast (ColossalChat: bf16 weights, "
+               "float32 masters)" if options else "in fp32")
         dropped = f"; its options {others} have no effect there" if others else ""
-        differences.append(f"{text}: training with TorchDDPPlugin in fp32 instead{dropped}")
-    return ColossalChatPlugin("ddp", {}, data_parallel, tuple(differences))
+        differences.append(f"{text}: training with TorchDDPPlugin, {how}, instead{dropped}")
+    return ColossalChatPlugin("ddp", options, data_parallel, tuple(differences))
 
 
 def plugin_for_plain_module(name: str, options: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
@@ -275,10 +285,10 @@ PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def precision_dtype(name: str, options: Optional[Dict[str, Any]] = None) -> str:
-    """The dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``) that plugin ``name`` computes its forward in:
-    ``ddp`` trains the model as it is (float32), the others in their ``precision`` (default: the table's). The
-    reference model and the producers' engine follow it, so that their log-probs match the policy's at the first
-    step."""
+    """The dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``) of the weights that plugin ``name`` computes
+    its forward with: ``ddp`` trains the model as it is (float32; its ``precision="bf16"`` autocasts the forward,
+    `autocast_dtype`), the others in their ``precision`` (default: the table's). The reference model and the
+    producers' engine follow it, so that their log-probs match the policy's at the first step."""
     if name not in PLUGINS:
         raise ValueError(f"unknown plugin {name!r}; choose one of {sorted(PLUGINS)}")
     if name == "ddp":
@@ -287,6 +297,16 @@ def precision_dtype(name: str, options: Optional[Dict[str, Any]] = None) -> str:
     if precision not in PRECISION_DTYPES:
         raise ValueError(f"plugin {name!r}: precision must be one of {sorted(PRECISION_DTYPES)}, got {precision!r}")
     return PRECISION_DTYPES[precision]
+
+
+def autocast_dtype(name: Optional[str], options: Optional[Dict[str, Any]] = None) -> Optional[str]:
+    """The dtype name that the forwards of a model trained with plugin ``name`` run under ``torch.autocast`` in, or
+    None (no autocast): ``"bfloat16"`` for ``ddp`` with ``precision="bf16"``. Matmuls and convolutions then compute
+    in bf16 (AMX or AVX-512 BF16 on a CPU that has them) from float32 weights; reductions, norms and softmaxes stay
+    float32, as torch's autocast lists them."""
+    if name == "ddp" and (options or {}).get("precision") == "bf16":
+        return "bfloat16"
+    return None
 
 
 def optimizer_kind(name: str, options: Dict[str, Any], cuda: bool) -> str:
@@ -339,7 +359,9 @@ def with_accumulation(name: str, options: Dict[str, Any], micro_batches: int) ->
 
 
 def build_plugin(name: str, options: Optional[Dict[str, Any]] = None) -> Any:
-    """A colossalai plugin instance for an already resolved ``(name, options)``; needs the process group."""
+    """A colossalai plugin instance for an already resolved ``(name, options)`` (the engine's own options,
+    `ENGINE_OPTIONS`, left out); needs the process group."""
     if name not in PLUGINS:
         raise ValueError(f"unknown plugin {name!r}; choose one of {sorted(PLUGINS)}")
-    return PLUGINS[name].factory(**(options or {}))
+    own = ENGINE_OPTIONS.get(name, set())
+    return PLUGINS[name].factory(**{k: v for k, v in (options or {}).items() if k not in own})
