@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from train_round_helpers import make_config, make_rollout
 
-from coati_relay.training import plugins
+from coati_relay.training import float32_attention, plugins
 from coati_relay.training.plugins import autocast_dtype, build_plugin, resolve_plugin
 
 PROMPTS = [[3, 4, 5], [6], [7, 8], [9, 10]]
@@ -61,6 +61,8 @@ def test_a_grpo_round_forwards_in_bf16_keeps_float32_weights_and_a_zero_first_kl
     rollout = make_rollout(PROMPTS, RESPONSES, 2, REWARDS, policy=policy)  # float32 behaviour log-probs
     worker = ConsumerWorker.for_models(cfg, policy, reference=reference)
     assert worker.policy.autocast is torch.bfloat16
+    # on the CPU, attention in float32 (its bf16 flash-attention backward is slow there)
+    assert policy.config._attn_implementation == reference.config._attn_implementation == float32_attention.NAME
     dtypes = Dtypes(policy, reference)
     stats = worker.train_round(rollout)  # one optimizer step of two micro-batches
     assert {dtype for _, dtype in dtypes.seen} == {torch.bfloat16}
@@ -74,3 +76,27 @@ def test_a_grpo_round_forwards_in_bf16_keeps_float32_weights_and_a_zero_first_kl
     assert moved > len(before) // 2
     for state in worker.policy.optimizer.state_dict()["state"].values():
         assert state["exp_avg"].dtype == torch.float32
+
+
+def test_float32_attention_under_autocast_computes_attention_in_float32(tiny_model_path, monkeypatch):
+    from coati_relay.training.booster_backend import load_causal_lm
+
+    plain, up = load_causal_lm(tiny_model_path), load_causal_lm(tiny_model_path)
+    assert float32_attention.use_float32_attention(up)
+    assert not float32_attention.use_float32_attention(torch.nn.Linear(2, 2))
+    ids = torch.randint(3, 300, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        reference = plain(input_ids=ids).logits
+        seen = []
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+
+        def recording(q, k, v, *args, **kwargs):
+            seen.append((q.dtype, k.dtype, v.dtype, torch.is_autocast_enabled("cpu")))
+            return sdpa(q, k, v, *args, **kwargs)
+
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+        got = up(input_ids=ids).logits
+    assert len(seen) == up.config.num_hidden_layers
+    assert set(seen) == {(torch.float32, torch.float32, torch.float32, False)}
+    assert got.dtype == reference.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), reference.float(), rtol=0.05, atol=0.05)

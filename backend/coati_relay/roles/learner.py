@@ -140,6 +140,7 @@ class Learner:
         if reference is not None:  # in the policy's compute dtype: both give the same log-probs at the first step
             dtype = getattr(torch, precision_dtype(self.policy.plugin_name, cfg.plugin.options))
             self.reference = reference.to(self.device, dtype=dtype).eval().requires_grad_(False)
+            self.policy.prepare_forwards(self.reference)
         s = cfg.sampling
         # A truncated sampler (top-k/top-p) reports the log-probs of the renormalised truncated distribution; the
         # losses need the full one's, so train_round recomputes them.

@@ -29,6 +29,7 @@ from coati_relay.cluster.devices import accelerator_device
 from . import checkpoint_files
 from .distributed import ensure_single_process_group
 from .finite_checks import check_gradient_chunks, check_losses, check_overflow_skip, check_weights
+from .float32_attention import use_float32_attention
 from .gemini_guards import GEMINI, AliasLoad, GeminiStepGuard
 from .master_weights import find_master_optimizer, with_master_weights
 from .model_description import is_peft, save_description
@@ -201,6 +202,7 @@ class TrainingBackend:
         self.plugin_options = options
         autocast = autocast_dtype(self.plugin_name, options)
         self.autocast = getattr(torch, autocast) if autocast else None
+        self.prepare_forwards(model)
         if optimizer is not None and master_weights and not self.keeps_master_weights:
             optimizer = with_master_weights(optimizer, **(loss_scale or {}))
         extras = {k: v for k, v in (extras or {}).items() if v is not None}
@@ -261,6 +263,12 @@ class TrainingBackend:
         if dist.get_world_size() > 1:
             return nn.parallel.DistributedDataParallel(model)
         return model
+
+    def prepare_forwards(self, model: nn.Module) -> None:
+        """Readies ``model`` (this backend's, or one whose forwards run in its `forward_precision`: the reference
+        model) for that precision: under autocast on a CPU, attention in float32 (`float32_attention`)."""
+        if self.autocast is not None and self._device.type == "cpu":
+            use_float32_attention(model)
 
     def forward_precision(self) -> ContextManager:
         """The context the model's forwards run in: ``torch.autocast`` in ``self.autocast`` (``ddp`` with
