@@ -31,6 +31,9 @@ class RecordedBackend:
         self.device = torch.device("cpu")
         self.plugin_name = kwargs["plugin"]
 
+    def prepare_forwards(self, model):
+        pass
+
 
 @pytest.mark.parametrize("microbatch, accumulates", [(2, True), (8, False)])
 def test_gemini_gets_gradient_accumulation_when_the_consumer_accumulates(paths, monkeypatch, microbatch, accumulates):

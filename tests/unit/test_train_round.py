@@ -145,6 +145,45 @@ def test_micro_batches_accumulate_the_whole_batch_gradient(paths, variation):
     torch.testing.assert_close(found[1], found[0], rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("normalization", ["step", "colossalchat"])
+@pytest.mark.parametrize("variation", ["sample_level", "token_level"])
+def test_a_cpu_cuts_a_micro_batch_of_many_tokens_into_forwards_with_the_same_gradient(paths, monkeypatch,
+                                                                                      variation, normalization):
+    """A micro-batch of 8 rows past `CPU_FORWARD_TOKENS` runs as several forwards; ColossalChat's sample-level loss
+    still divides by the micro-batch's 8 rows."""
+    rollout = make_rollout(PROMPTS, RESPONSES, 2, [1.0, 0.0, 0.0, 0.0, 0.5, 0.0, 1.0, 0.2], policy=BigramLM(),
+                           logprob_shift=0.5)
+    columns = rollout.sequences.size(1)
+    found, forwards = [], []
+    for budget in (8 * columns, 3 * columns):  # one forward of 8 rows; then 3 of 2 or 3 rows
+        monkeypatch.setattr(learner_module, "CPU_FORWARD_TOKENS", budget)
+        cfg = make_config(*paths, train_batch_size=4, microbatch=8, beta=0.2, loss_variation=variation,
+                          loss_normalization=normalization)
+        policy = BigramLM()
+        calls = []
+        policy.register_forward_hook(lambda module, args, kwargs, out: calls.append(out.size(0)), with_kwargs=True)
+        worker = ConsumerWorker.for_models(cfg, policy, reference=BigramLM(seed=1))
+        grads = record_steps(worker)
+        worker.train_round(rollout)
+        found.append(grads[0]["table"])
+        forwards.append(calls)
+    assert forwards == [[8], [2, 3, 3]]
+    torch.testing.assert_close(found[1], found[0], rtol=1e-5, atol=1e-7)
+
+
+def test_micro_batches_cut_a_micro_batch_into_forwards_of_at_most_the_token_budget():
+    whole = learner_module.micro_batches(64, 64, 32)
+    assert whole == [(slice(0, 64), slice(0, 32), 32), (slice(0, 64), slice(32, 64), 32)]
+    cut = learner_module.micro_batches(64, 64, 32, columns=157, forward_tokens=4096)
+    assert [(c.start, c.stop, rows) for _, c, rows in cut] == [(0, 16, 32), (16, 32, 32), (32, 48, 32), (48, 64, 32)]
+    assert learner_module.micro_batches(64, 64, 16, columns=157, forward_tokens=4096) == \
+        learner_module.micro_batches(64, 64, 16)
+    # uneven: a micro-batch of 5 rows of 2,000 columns in forwards of at most 4,096 tokens; never an empty one
+    cut = learner_module.micro_batches(5, 5, 5, columns=2000, forward_tokens=4096)
+    assert [(c.start, c.stop) for _, c, _ in cut] == [(0, 1), (1, 3), (3, 5)]
+    assert len(learner_module.micro_batches(2, 2, 2, columns=10 ** 6, forward_tokens=4096)) == 2
+
+
 # -- where the KL goes -----------------------------------------------------------------------------------------------
 def test_grpo_puts_beta_times_kl_into_the_loss(paths):
     """Equal rewards in every group: A = 0, so the whole gradient is that of beta * mean_b masked_mean_t k3, with
