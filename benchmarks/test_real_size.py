@@ -4,7 +4,8 @@ takes minutes and up to about 15 GB.
 
 Work per step, the same on both sides: 4 toy prompts x 4 samples of at most 32 new tokens, AdamW (lr 5e-3, weight
 decay 0.01), constant schedule, ``beta = 0``, one optimizer step; TRL trains its 16 sequences in one micro-batch with
-gradient checkpointing (its default); the engine in micro-batches of 4 without, and at TRL's settings. The toy
+gradient checkpointing (its default), both in bf16 autocast (TRL's default precision); the engine in micro-batches of
+4 without, at TRL's settings, and at TRL's settings in float32 (less memory, more time). The toy
 reward stays 0 on this random model, so both sides do a step's whole work with zero gradients: the pair measures
 cost, not learning (the toy-model pairs check learning). Figures per side: s/step (median of the steps after the
 first), whole run, peak PSS of the process tree and bytes per parameter, and on the engine's side
@@ -21,11 +22,13 @@ from test_vs_trl import run_side
 
 PROMPTS, GENERATIONS, NEW_TOKENS, MICROBATCH, STEPS = 4, 4, 32, 4, 3
 WORK = ["--prompts", str(PROMPTS), "--generations", str(GENERATIONS)]
-# side -> (peer_grpo.py side, its arguments); the engine twice: in micro-batches of 4, and at TRL's own training
-# settings (the step's 16 samples in one micro-batch, gradient checkpointing)
+# side -> (peer_grpo.py side, its arguments); the engine three times: in micro-batches of 4, and at TRL's own
+# training settings (the step's 16 samples in one micro-batch, gradient checkpointing) in bf16 and in float32
 EXTRA_ARGS = {"trl": ("trl", WORK),
               "engine-colocated": ("engine-colocated", [*WORK, "--train-microbatch", str(MICROBATCH)]),
-              "engine-colocated-trl-settings": ("engine-colocated", [*WORK, "--gradient-checkpointing"])}
+              "engine-colocated-trl-settings": ("engine-colocated", [*WORK, "--gradient-checkpointing"]),
+              "engine-colocated-trl-settings-fp32": ("engine-colocated",
+                                                     [*WORK, "--gradient-checkpointing", "--precision", "fp32"])}
 
 
 def _parameters(model: str) -> int:
