@@ -9,12 +9,12 @@ Both sides do the same GRPO work: the toy prompts (`coati_relay.toy`, numbered, 
 ``--new-tokens`` (default ``NEW_TOKENS``) tokens per step, the ``toy_letter`` reward, AdamW at ``LR`` with weight
 decay 0.01, a constant schedule, no gradient clipping, sample-level loss, ``beta = 0``, one optimizer step per
 generation round, training in ``--precision`` (default bf16, TRL's default: float32 weights and optimizer state,
-forwards under bf16 autocast; TRL's ``bf16``, the engine's ``ddp`` plugin ``precision``). The result file holds, per step, the wall
-time, the time spent generating, the time spent training (TRL: the step less generation and scoring, with ``loss_s``,
-its loss forwards, and ``score_s``, its reward calls; the engine: the consumer's ``train_s``, and ``publish_s``, its
-weight hand-off), the mean reward, the number of sampled tokens and the number of samples (TRL: the rows it generated
-and the rows its loss took; the engine: the rows the consumer trained on). The engine's colocated side also holds
-``memory_by_phase_mib``: its process's largest RSS in each phase (`memory_by_phase`).
+forwards under bf16 autocast; TRL's ``bf16``, the engine's ``ddp`` plugin ``precision``). The result file holds, per
+step, the wall time, the time spent generating, the time spent training (TRL: the step less generation and scoring, with
+``loss_s``, its loss forwards, and ``score_s``, its reward calls; the engine: the consumer's ``train_s``, and
+``publish_s``, its weight hand-off), the mean reward, the number of sampled tokens and the number of samples (TRL: the
+rows it generated and the rows its loss took; the engine: the rows the consumer trained on). The engine's colocated side
+also holds ``memory_by_phase_mib``: its process's largest RSS in each phase (`memory_by_phase`).
 """
 from __future__ import annotations
 

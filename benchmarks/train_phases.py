@@ -11,8 +11,9 @@ forwards (``forward``; ``log_softmax``, the vocabulary blocks, inside it), ``bac
 inside it), the optimizer step (``optimizer``; ``grad_norm`` and ``finite_check`` inside it), and the round
 (``round``: the phases and what the learner does around them). Beside them the matmul floor of the forward and
 the backward (`flops.py`: matmuls only, the prompt once per group, backward twice the forward) at the ``torch.mm``
-peak in the precision's dtype measured in the same process, with torch's current thread count. Weight publishing is not timed: a
-colocated run that generates with the transformers backend trains the weights in place and publishes nothing.
+peak in the precision's dtype measured in the same process, with torch's current thread count. Weight publishing
+is not timed: a colocated run that generates with the transformers backend trains the weights in place and
+publishes nothing.
 """
 from __future__ import annotations
 

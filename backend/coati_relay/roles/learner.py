@@ -351,9 +351,9 @@ class Learner:
     def _backward(self, rows: StepRows, num_resp: int, chunks: List[Tuple[slice, slice, int]], train_policy: bool,
                   counts: List[float]) -> Dict[str, torch.Tensor]:
         """The backward passes of one optimizer step over ``rows``, one a chunk of ``chunks`` ((its mini-batch, its
-        rows, its micro-batch's rows): `micro_batches`); ``counts``: kept tokens, kept samples and valid tokens of the whole
-        step over the ranks, then the kept tokens of each chunk's mini-batch. Returns the step's metric sums, on the
-        device.
+        rows, its micro-batch's rows): `micro_batches`); ``counts``: kept tokens, kept samples and valid tokens of
+        the whole step over the ranks, then the kept tokens of each chunk's mini-batch. Returns the step's metric
+        sums, on the device.
 
         What a micro-batch's policy loss is divided by (``loss_normalization``): 'step', the step's kept samples
         (tokens) over the ranks, times the ranks (the plugins average the gradients over them), so that the step's

@@ -100,7 +100,8 @@ MODEL_PARALLEL_OPTIONS: Dict[str, str] = {
 _DATA_PARALLEL_TEXT = ("train data-parallel instead: more consumer processes (num_consumer_procs), and ZeRO to shard "
                        "memory (plugin 'zero2', 'gemini', or 'hybrid' with zero_stage 1 or 2)")
 
-_PRECISIONS = {"ddp": {"fp32", "bf16"}, "zero2": {"fp16", "bf16", "fp32"}, "gemini": {"fp16", "bf16"}, "hybrid": {"fp16", "bf16", "fp32"}}
+_PRECISIONS = {"ddp": {"fp32", "bf16"}, "zero2": {"fp16", "bf16", "fp32"}, "gemini": {"fp16", "bf16"},
+               "hybrid": {"fp16", "bf16", "fp32"}}
 _CPU_PLUGINS_TEXT = "'ddp', or 'hybrid' with tp_size=1, pp_size=1, zero_stage=0, precision='fp32'"
 _HYBRID_CPU = {"zero_stage": 0, "precision": "fp32"}
 _FALLBACK_WARNED: Set[str] = set()
