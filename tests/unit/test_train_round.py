@@ -182,6 +182,8 @@ def test_micro_batches_cut_a_micro_batch_into_forwards_of_at_most_the_token_budg
     cut = learner_module.micro_batches(5, 5, 5, columns=2000, forward_tokens=4096)
     assert [(c.start, c.stop) for _, c, _ in cut] == [(0, 1), (1, 3), (3, 5)]
     assert len(learner_module.micro_batches(2, 2, 2, columns=10 ** 6, forward_tokens=4096)) == 2
+    no_columns = learner_module.micro_batches(4, 4, 4, columns=0, forward_tokens=4096)
+    assert no_columns == learner_module.micro_batches(4, 4, 4)
 
 
 # -- where the KL goes -----------------------------------------------------------------------------------------------

@@ -92,7 +92,7 @@ def micro_batches(n: int, minibatch: int, micro: int, columns: int = 0,
         end = min(m + minibatch, n)
         for s in range(m, end, micro):
             rows = min(s + micro, end) - s
-            pieces = 1 if not forward_tokens else min(rows, -(-rows * columns // forward_tokens))
+            pieces = 1 if not forward_tokens else max(1, min(rows, -(-rows * columns // forward_tokens)))
             bounds = [s + rows * i // pieces for i in range(pieces + 1)]
             out += [(slice(m, end), slice(a, b), rows) for a, b in zip(bounds, bounds[1:])]
     return out
@@ -318,7 +318,7 @@ class Learner:
             # on a CPU, forwards of at most CPU_FORWARD_TOKENS tokens at the widest rank's columns (the same chunks
             # on every rank)
             cpu = self.device.type == "cpu"
-            columns = rows.seq.size(1) if self.world_size == 1 or not cpu else -all_reduce_min(-rows.seq.size(1))
+            columns = -all_reduce_min(-rows.seq.size(1)) if cpu else 0
             chunks = micro_batches(n, b.train_minibatch_size * b.num_generations, micro_batch_rows(b), columns,
                                    CPU_FORWARD_TOKENS if cpu else None)
             # the step's counts over the ranks: kept tokens, kept samples, valid tokens, then the kept tokens of each
